@@ -1,0 +1,227 @@
+// Package term holds the RFC 5040 §7 Terminate classification: the Layer,
+// Error Type and Error Code triple that every protocol check failure maps to,
+// and the typed error that carries it from the wire decoders (mpa, ddp, rdmap)
+// up to the engine, which turns it into a Terminate message.
+//
+// The values come from RFC 5040 §7 (RDMAP), RFC 5041 §7 (DDP, confirmed from
+// Wireshark and Linux siw) and RFC 5044/6581 (MPA); see
+// ../shared/spec/wire-checklist.md §3.5 and §7.4.
+package term
+
+import "fmt"
+
+// Layer is the high nibble of the Terminate control byte 0.
+type Layer uint8
+
+const (
+	LayerRDMAP Layer = 0 // RDMAP (RFC 5040)
+	LayerDDP   Layer = 1 // DDP (RFC 5041)
+	LayerLLP   Layer = 2 // lower layer protocol: MPA (RFC 5044)
+)
+
+func (l Layer) String() string {
+	switch l {
+	case LayerRDMAP:
+		return "RDMAP"
+	case LayerDDP:
+		return "DDP"
+	case LayerLLP:
+		return "LLP"
+	}
+	return fmt.Sprintf("layer(%d)", uint8(l))
+}
+
+// EType is the low nibble of Terminate byte 0; its meaning depends on the Layer.
+type EType uint8
+
+// RDMAP error types (Layer 0).
+const (
+	RDMALocalCatastrophic EType = 0x0
+	RDMARemoteProtection  EType = 0x1
+	RDMARemoteOperation   EType = 0x2
+)
+
+// DDP error types (Layer 1).
+const (
+	DDPLocalCatastrophic EType = 0x0
+	DDPTagged            EType = 0x1
+	DDPUntagged          EType = 0x2
+)
+
+// LLP error type (Layer 2): MPA is the only one.
+const LLPMPA EType = 0x0
+
+// Code is Terminate byte 1.
+type Code uint8
+
+// RDMAP Remote Protection codes (Layer 0, EType 1).
+const (
+	ProtInvalidSTag        Code = 0x00
+	ProtBaseBounds         Code = 0x01
+	ProtAccessRights       Code = 0x02
+	ProtSTagNotAssociated  Code = 0x03
+	ProtTOWrap             Code = 0x04
+	ProtCannotInvalidate   Code = 0x09
+	ProtUnspecified        Code = 0xFF
+	OpInvalidVersion       Code = 0x05 // Remote Operation (EType 2)
+	OpUnexpectedOpcode     Code = 0x06
+	OpCatastrophicStream   Code = 0x07
+	OpCatastrophicGlobal   Code = 0x08
+	OpCannotInvalidate     Code = 0x09
+	OpUnspecified          Code = 0xFF
+	TaggedInvalidSTag      Code = 0x00 // DDP Tagged (Layer 1, EType 1)
+	TaggedBaseBounds       Code = 0x01
+	TaggedNotAssociated    Code = 0x02
+	TaggedTOWrap           Code = 0x03
+	TaggedInvalidVersion   Code = 0x04
+	UntaggedInvalidQN      Code = 0x01 // DDP Untagged (Layer 1, EType 2)
+	UntaggedNoBuffer       Code = 0x02
+	UntaggedMSNRange       Code = 0x03
+	UntaggedInvalidMO      Code = 0x04
+	UntaggedTooLong        Code = 0x05
+	UntaggedInvalidVersion Code = 0x06
+	MPAConnLost            Code = 0x01 // LLP / MPA (Layer 2, EType 0)
+	MPACRC                 Code = 0x02
+	MPAMarker              Code = 0x03
+	MPAInvalidFrame        Code = 0x04
+	MPALocalCatastrophic   Code = 0x05
+	MPAInsufficientIRD     Code = 0x06
+	MPANoMatchingRTR       Code = 0x07
+)
+
+// Cause is one Terminate classification: what the engine puts in the first two
+// bytes of a Terminate header.
+type Cause struct {
+	Layer Layer
+	EType EType
+	Code  Code
+}
+
+// Byte0 returns the Layer<<4|EType byte of the Terminate control field.
+func (c Cause) Byte0() byte { return byte(c.Layer)<<4 | byte(c.EType)&0x0F }
+
+// FromBytes decodes the first two bytes of a Terminate control field.
+func FromBytes(b0, b1 byte) Cause {
+	return Cause{Layer: Layer(b0 >> 4), EType: EType(b0 & 0x0F), Code: Code(b1)}
+}
+
+// String renders the triple as "Layer/EType/0xCode name".
+func (c Cause) String() string {
+	return fmt.Sprintf("%s/%d/0x%02X %s", c.Layer, c.EType, uint8(c.Code), c.Name())
+}
+
+// Name is the RFC's name for the cause, or "unknown".
+func (c Cause) Name() string {
+	switch c.Layer {
+	case LayerRDMAP:
+		switch c.EType {
+		case RDMALocalCatastrophic:
+			return "local catastrophic error"
+		case RDMARemoteProtection:
+			switch c.Code {
+			case ProtInvalidSTag:
+				return "invalid STag"
+			case ProtBaseBounds:
+				return "base or bounds violation"
+			case ProtAccessRights:
+				return "access rights violation"
+			case ProtSTagNotAssociated:
+				return "STag not associated with RDMAP stream"
+			case ProtTOWrap:
+				return "TO wrap"
+			case ProtCannotInvalidate:
+				return "STag cannot be invalidated"
+			case ProtUnspecified:
+				return "unspecified protection error"
+			}
+		case RDMARemoteOperation:
+			switch c.Code {
+			case OpInvalidVersion:
+				return "invalid RDMAP version"
+			case OpUnexpectedOpcode:
+				return "unexpected opcode"
+			case OpCatastrophicStream:
+				return "catastrophic error, localized to RDMAP stream"
+			case OpCatastrophicGlobal:
+				return "catastrophic error, global"
+			case OpCannotInvalidate:
+				return "STag cannot be invalidated"
+			case OpUnspecified:
+				return "unspecified remote operation error"
+			}
+		}
+	case LayerDDP:
+		switch c.EType {
+		case DDPLocalCatastrophic:
+			return "DDP local catastrophic error"
+		case DDPTagged:
+			switch c.Code {
+			case TaggedInvalidSTag:
+				return "invalid STag"
+			case TaggedBaseBounds:
+				return "base or bounds violation"
+			case TaggedNotAssociated:
+				return "STag not associated with DDP stream"
+			case TaggedTOWrap:
+				return "TO wrap"
+			case TaggedInvalidVersion:
+				return "invalid DDP version"
+			}
+		case DDPUntagged:
+			switch c.Code {
+			case UntaggedInvalidQN:
+				return "invalid QN"
+			case UntaggedNoBuffer:
+				return "invalid MSN - no buffer available"
+			case UntaggedMSNRange:
+				return "invalid MSN - MSN range is not valid"
+			case UntaggedInvalidMO:
+				return "invalid MO"
+			case UntaggedTooLong:
+				return "DDP message too long for available buffer"
+			case UntaggedInvalidVersion:
+				return "invalid DDP version"
+			}
+		}
+	case LayerLLP:
+		if c.EType == LLPMPA {
+			switch c.Code {
+			case MPAConnLost:
+				return "TCP connection closed, terminated or lost"
+			case MPACRC:
+				return "MPA CRC error"
+			case MPAMarker:
+				return "MPA marker and ULPDU length mismatch"
+			case MPAInvalidFrame:
+				return "invalid MPA request or reply frame"
+			case MPALocalCatastrophic:
+				return "MPA local catastrophic error"
+			case MPAInsufficientIRD:
+				return "insufficient IRD resources"
+			case MPANoMatchingRTR:
+				return "no matching RTR option"
+			}
+		}
+	}
+	return "unknown"
+}
+
+// Error is a protocol check failure. It carries the Terminate cause the engine
+// must send, and a human-readable detail. Decoders return *Error so that
+// callers can use errors.As to recover the cause.
+type Error struct {
+	Cause  Cause
+	Detail string
+}
+
+func (e *Error) Error() string {
+	if e.Detail == "" {
+		return "terminate " + e.Cause.String()
+	}
+	return "terminate " + e.Cause.String() + ": " + e.Detail
+}
+
+// Errorf builds an *Error for the given cause.
+func Errorf(layer Layer, etype EType, code Code, format string, args ...any) *Error {
+	return &Error{Cause: Cause{Layer: layer, EType: etype, Code: code}, Detail: fmt.Sprintf(format, args...)}
+}

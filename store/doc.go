@@ -1,0 +1,97 @@
+// Package store is the block storage behind a remote-disk target: a Store
+// holds named volumes, a Volume is an array of BlockSize (4 KiB) blocks
+// read and written by lba. It knows nothing of RDMA or NBD.
+//
+// Two backends share one implementation of the semantics (argument and
+// overflow-safe range checks, open handles, ErrBusy, ErrClosed, errors
+// wrapped in *OpError naming the volume, operation and lba):
+//
+//   - OpenBadger: an embedded badger (v4) database in a directory, the
+//     default.
+//   - NewMemory: sparse in-memory maps, for tests and throwaway targets.
+//
+// # Semantics
+//
+// Blocks never written read as zeros (storage is sparse); Trim and
+// WriteZeroes delete blocks, which then read as zeros. A WriteBlocks of up
+// to MaxAtomicWrite bytes is atomic, also across a crash: readers see all
+// of its blocks or none, and of overlapping concurrent writes the last one
+// wins for every block they share. ReadBlocks sees one snapshot. A request
+// reaching past the end of the volume fails with ErrOutOfRange and does
+// nothing. Volume ids are assigned from a counter, never reused, and stable
+// across restarts; opening a store never changes an existing volume, and
+// CreateVolume on an existing name fails with ErrExists. DeleteVolume
+// refuses (ErrBusy) while the volume has open handles.
+//
+// # Badger key layout
+//
+// The first byte of a key says what it is:
+//
+//	0x00                              format marker, value "rnic-store v1"
+//	0x01                              last volume id assigned (4 bytes BE)
+//	0x02 | name                       volume record (JSON: name, id, size, created, meta)
+//	0x03 | id (4 BE)                  volume deleted, blocks still to reap
+//	0x10 | id (4 BE) | lba (8 BE)     one block
+//
+// A volume's blocks are therefore contiguous and in lba order, so Trim and
+// WriteZeroes find the blocks present in a range with a key-only scan and
+// delete just those, however large the range, in transactions kept under
+// badger's limits (db.MaxBatchCount, db.MaxBatchSize). DeleteVolume removes
+// the record and sets the 0x03 marker in one transaction, then deletes the
+// blocks in bounded batches; if it is interrupted (crash, cancelled
+// context) the store's background goroutine finishes the job, and since
+// ids are never reused the leftover blocks are never visible.
+//
+// A directory holding another badger database (keys but no format marker)
+// is refused with ErrCorrupt. A second Store on the same directory, in this
+// process or another, fails with ErrLocked (flock on store.lock, besides
+// badger's own lock).
+//
+// # Checksums
+//
+// A block's value is 4100 bytes: the CRC-32C (rnic/crc32c) of the 4096
+// data bytes, big-endian, then the data. Every read checks the length and
+// the CRC; a mismatch fails the read with ErrChecksum and zeroes the
+// caller's buffer, so bad data is never returned. This catches corruption
+// badger does not: with VerifyValueChecksum off (the default) badger does
+// not check its own value-log CRC on reads, and when it opens a database
+// whose active value log file is damaged it truncates the file at the
+// damage and then serves the lost values as empty, without an error; both
+// become ErrChecksum here.
+//
+// # Durability
+//
+// Writes are not synced as they go (SyncWrites off). Flush, FUA writes, FUA
+// write-zeroes, Store.Sync, volume creation and deletion sync the database
+// before they return. A sync covers everything committed before it began.
+// Syncs are grouped: if one is running, later callers share the single
+// sync queued behind it, so N concurrent FUA writes cost about two syncs,
+// not N. A sync is db.Sync() plus an fsync of every memtable WAL (*.mem)
+// and of the directory: db.Sync in badger v4.9.6 syncs only the mutable
+// memtable's WAL and the value log, not the WALs of full memtables still
+// waiting to be flushed to tables, and badger never syncs the directory
+// entries of the files it creates.
+//
+// # Memory budget
+//
+// The defaults keep a fully written 1 GiB volume at roughly 256 MiB of RSS
+// (measured by TestBadgerRSS1GiB: VmHWM about 210-240 MiB while writing
+// and reading 1 GiB, of which at most about 90 MiB anonymous): 16 MiB memtables
+// (at most 2), 8 MiB block cache, 16 MiB index cache, no compression, 2
+// compactors, 128 MiB value log files, and a value threshold of 1 KiB so
+// every block value lives in the value log and the LSM tree holds only
+// keys and value pointers. badger reads and writes its value log through
+// mmap, and every page touched stays mapped, and counted in the RSS, until
+// the kernel needs memory; so when the process's file-backed RSS exceeds
+// BadgerOptions.MappedBudget (128 MiB) the store asks the kernel to take
+// the value log pages back (madvise MADV_PAGEOUT, which never changes
+// contents). That evicts them from the page cache too: random reads of a
+// working set larger than the budget then come from disk. MappedBudget -1
+// turns this off.
+//
+// Value log GC runs every GCInterval (one minute) in a goroutine owned by
+// the store, so space of overwritten and trimmed blocks is reclaimed;
+// CompactL0OnClose makes Close compact, which lets a store that was
+// written only a little still find its garbage. badger's log messages go to
+// a log/slog Logger, at Warn and above by default.
+package store

@@ -1,0 +1,40 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Errors returned (wrapped) by this package; test with errors.Is.
+var (
+	ErrNotFound   = errors.New("volume not found")
+	ErrExists     = errors.New("volume already exists")
+	ErrBusy       = errors.New("volume is busy")
+	ErrOutOfRange = errors.New("block range out of volume bounds")
+	ErrChecksum   = errors.New("stored block failed checksum")
+	ErrClosed     = errors.New("closed")
+	ErrInvalid    = errors.New("invalid argument")
+	ErrLocked     = errors.New("data directory in use by another store")
+	ErrCorrupt    = errors.New("store metadata corrupt")
+)
+
+// OpError is the error of a block operation on a volume. It names the
+// operation, the volume and the block range; Err holds the cause.
+type OpError struct {
+	Op     string // "read", "write", "flush", "trim", "write-zeroes"
+	Volume string
+	LBA    uint64
+	Count  uint64 // blocks
+	Err    error
+}
+
+func (e *OpError) Error() string {
+	return fmt.Sprintf("store: %s volume %q lba %d count %d: %v", e.Op, e.Volume, e.LBA, e.Count, e.Err)
+}
+
+func (e *OpError) Unwrap() error { return e.Err }
+
+// blockError reports that block lba is the cause of err.
+func blockError(lba uint64, err error) error {
+	return fmt.Errorf("block %d: %w", lba, err)
+}

@@ -1,0 +1,153 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// volume implements Volume: it checks arguments and ranges, tracks
+// operations in flight and adds context to errors; dev does the I/O.
+type volume struct {
+	store  *volumeStore
+	info   VolumeInfo
+	blocks uint64
+	dev    blockDevice
+
+	// mu is held shared by every operation and exclusively by Close, so
+	// Close waits for operations in flight.
+	mu     sync.RWMutex
+	closed bool
+}
+
+func (v *volume) Info() VolumeInfo { return v.info.clone() }
+
+// checkRange reports whether count blocks at lba lie inside a volume of n
+// blocks, without overflowing.
+func checkRange(lba, count, n uint64) error {
+	if count > n || lba > n-count {
+		return fmt.Errorf("%d blocks at %d, volume has %d: %w", count, lba, n, ErrOutOfRange)
+	}
+	return nil
+}
+
+// begin starts an operation: it takes the shared lock (the caller must call
+// v.mu.RUnlock) and checks the handle, the context and the range.
+func (v *volume) begin(ctx context.Context, lba, count uint64) error {
+	v.mu.RLock()
+	if v.closed {
+		return ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return checkRange(lba, count, v.blocks)
+}
+
+func (v *volume) opError(op string, lba, count uint64, err error) error {
+	return &OpError{Op: op, Volume: v.info.Name, LBA: lba, Count: count, Err: err}
+}
+
+// bufBlocks returns the number of blocks in a buffer of n bytes.
+func bufBlocks(n int) (uint64, error) {
+	if n%BlockSize != 0 {
+		return 0, fmt.Errorf("buffer of %d bytes is not a multiple of %d: %w", n, BlockSize, ErrInvalid)
+	}
+	return uint64(n / BlockSize), nil
+}
+
+func (v *volume) ReadBlocks(ctx context.Context, lba uint64, dst []byte) error {
+	count, err := bufBlocks(len(dst))
+	if err != nil {
+		return v.opError("read", lba, count, err)
+	}
+	defer v.mu.RUnlock()
+	if err := v.begin(ctx, lba, count); err != nil {
+		return v.opError("read", lba, count, err)
+	}
+	if count == 0 {
+		return nil
+	}
+	if err := v.dev.read(ctx, lba, dst); err != nil {
+		return v.opError("read", lba, count, err)
+	}
+	return nil
+}
+
+func (v *volume) WriteBlocks(ctx context.Context, lba uint64, src []byte, fua bool) error {
+	count, err := bufBlocks(len(src))
+	if err != nil {
+		return v.opError("write", lba, count, err)
+	}
+	defer v.mu.RUnlock()
+	if err := v.begin(ctx, lba, count); err != nil {
+		return v.opError("write", lba, count, err)
+	}
+	if count == 0 {
+		if fua {
+			err = v.dev.flush(ctx)
+		}
+	} else {
+		err = v.dev.write(ctx, lba, src, fua)
+	}
+	if err != nil {
+		return v.opError("write", lba, count, err)
+	}
+	return nil
+}
+
+func (v *volume) Flush(ctx context.Context) error {
+	defer v.mu.RUnlock()
+	if err := v.begin(ctx, 0, 0); err != nil {
+		return v.opError("flush", 0, 0, err)
+	}
+	if err := v.dev.flush(ctx); err != nil {
+		return v.opError("flush", 0, 0, err)
+	}
+	return nil
+}
+
+func (v *volume) Trim(ctx context.Context, lba, count uint64) error {
+	return v.discard(ctx, "trim", lba, count, false)
+}
+
+func (v *volume) WriteZeroes(ctx context.Context, lba, count uint64, fua bool) error {
+	return v.discard(ctx, "write-zeroes", lba, count, fua)
+}
+
+func (v *volume) discard(ctx context.Context, op string, lba, count uint64, fua bool) error {
+	defer v.mu.RUnlock()
+	if err := v.begin(ctx, lba, count); err != nil {
+		return v.opError(op, lba, count, err)
+	}
+	var err error
+	if count > 0 {
+		err = v.dev.discard(ctx, lba, count, fua)
+	} else if fua {
+		err = v.dev.flush(ctx)
+	}
+	if err != nil {
+		return v.opError(op, lba, count, err)
+	}
+	return nil
+}
+
+func (v *volume) Close() error {
+	if !v.shut() {
+		return fmt.Errorf("store: close volume %q: %w", v.info.Name, ErrClosed)
+	}
+	v.store.release(v.info.Name, v)
+	return nil
+}
+
+// shut marks the handle closed once operations in flight are done; it
+// reports whether this call closed it.
+func (v *volume) shut() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.closed {
+		return false
+	}
+	v.closed = true
+	return true
+}

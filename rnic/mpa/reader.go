@@ -1,0 +1,345 @@
+package mpa
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/rnic-dev/rnic/rnic/crc32c"
+	"github.com/rnic-dev/rnic/rnic/term"
+)
+
+// ReaderConfig configures a Reader.
+type ReaderConfig struct {
+	// CRC: verify the CRC32c trailer of every FPDU. When false the trailer
+	// is read and ignored, and no CRC is computed.
+	CRC bool
+	// Markers: the peer inserts markers into the stream towards us; they
+	// are checked, stripped and covered by the CRC. Stream offset 0 (the
+	// first marker) is the first byte after the MPA Request/Reply frames,
+	// so the Reader must be created at that point of the stream.
+	Markers bool
+	// MaxULPDU is the largest ULPDU_LENGTH accepted; 0 means MaxULPDU.
+	MaxULPDU int
+	// BufSize is the size of the receive buffer; 0 means 64 KiB.
+	BufSize int
+}
+
+const (
+	defaultBufSize = 64 << 10
+	minBufSize     = 64
+	// directMin is the size from which ReadFull reads the connection
+	// straight into the caller's slice when nothing is buffered.
+	directMin = 4 << 10
+	// maxEmptyReads bounds successive (0, nil) reads, as bufio does.
+	maxEmptyReads = 100
+)
+
+// Reader parses the FPDU stream of one MPA connection in full operation.
+// One goroutine owns it. Per FPDU the caller calls Next, then ReadFull and
+// Discard for the ULPDU bytes it wants, then Finish, which checks the CRC.
+// The CRC is therefore known only at Finish: callers may place payload
+// before it and must not act on it if Finish fails.
+//
+// Reads from the connection are large (up to BufSize) and never go past
+// what is needed for an FPDU, except into the Reader's own buffer.
+//
+// Errors are sticky. Protocol errors are *term.Error with the LLP / MPA
+// cause: CRC mismatch 0x02, ULPDU_LENGTH out of range or a bad marker 0x03.
+// The stream ending at an FPDU boundary is io.EOF; ending inside one is
+// io.ErrUnexpectedEOF; other I/O errors are returned wrapped.
+type Reader struct {
+	r   io.Reader
+	cfg ReaderConfig
+	buf []byte
+	lo  int // buf[lo:hi] is buffered, unconsumed stream
+	hi  int
+	off uint64 // stream offset of buf[lo]
+
+	crc    uint32
+	remain int  // ULPDU bytes not yet consumed
+	pad    int  // pad bytes after the ULPDU
+	inFPDU bool // between Next and Finish
+
+	nextMarker uint64 // stream offset of the next marker (Markers only)
+	fpduStart  uint64 // stream offset where the current FPDU begins
+	leadMarker bool   // the current FPDU begins with a marker
+
+	scratch [4]byte // length field and CRC trailer (kept here so they do not escape)
+
+	readErr error // error returned by r, delivered when the buffer is empty
+	err     error // sticky error
+}
+
+// NewReader returns a Reader of the FPDU stream r.
+func NewReader(r io.Reader, cfg ReaderConfig) *Reader {
+	if cfg.MaxULPDU <= 0 || cfg.MaxULPDU > MaxULPDU {
+		cfg.MaxULPDU = MaxULPDU
+	}
+	if cfg.BufSize <= 0 {
+		cfg.BufSize = defaultBufSize
+	}
+	cfg.BufSize = max(cfg.BufSize, minBufSize)
+	return &Reader{r: r, cfg: cfg, buf: make([]byte, cfg.BufSize)}
+}
+
+// Reset discards all state, including any error and buffered bytes, and
+// makes r read a new stream from src, keeping its buffer and configuration.
+func (r *Reader) Reset(src io.Reader) {
+	*r = Reader{r: src, cfg: r.cfg, buf: r.buf}
+}
+
+// Buffered returns the number of stream bytes read from the connection and
+// not yet consumed (markers included).
+func (r *Reader) Buffered() int { return r.hi - r.lo }
+
+// Remaining returns the ULPDU bytes of the current FPDU not yet consumed.
+func (r *Reader) Remaining() int { return r.remain }
+
+// fail records a sticky error.
+func (r *Reader) fail(err error) error {
+	r.err = err
+	return err
+}
+
+// fill reads more of the stream into the buffer. At end of stream it
+// returns io.EOF.
+func (r *Reader) fill() error {
+	if r.lo == r.hi {
+		r.lo, r.hi = 0, 0
+	}
+	if r.readErr != nil {
+		return r.readErr
+	}
+	if r.hi == len(r.buf) {
+		r.hi = copy(r.buf, r.buf[r.lo:r.hi])
+		r.lo = 0
+	}
+	for range maxEmptyReads {
+		n, err := r.r.Read(r.buf[r.hi:])
+		r.hi += n
+		if err != nil {
+			r.readErr = err
+			if n > 0 {
+				return nil
+			}
+			return err
+		}
+		if n > 0 {
+			return nil
+		}
+	}
+	r.readErr = io.ErrNoProgress
+	return r.readErr
+}
+
+// need makes at least n bytes (n <= len(buf)) buffered.
+func (r *Reader) need(n int) error {
+	for r.hi-r.lo < n {
+		if r.lo > 0 && len(r.buf)-r.lo < n {
+			r.hi = copy(r.buf, r.buf[r.lo:r.hi])
+			r.lo = 0
+		}
+		if err := r.fill(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// midFPDU converts end of stream inside an FPDU into io.ErrUnexpectedEOF
+// and wraps other read errors.
+func midFPDU(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	var te *term.Error
+	if errors.As(err, &te) {
+		return err
+	}
+	return fmt.Errorf("mpa: reading FPDU: %w", err)
+}
+
+// marker consumes the marker at r.off, checks its FPDUPTR against the
+// current FPDU's start and adds it to the CRC.
+func (r *Reader) marker() error {
+	if err := r.need(MarkerLen); err != nil {
+		return err
+	}
+	m := r.buf[r.lo : r.lo+MarkerLen]
+	ptr := uint64(binary.BigEndian.Uint16(m[2:4]) &^ 3) // low 2 bits are treated as zero
+	at := r.off
+	// FPDUPTR is the distance back to the FPDU the marker sits in. When
+	// the FPDU begins with this marker it is 0. For later markers in an
+	// FPDU that began with a marker, accept the distance to either the
+	// leading marker or the ULPDU_LENGTH after it (RFC 5044's own text was
+	// not available; Wireshark and OSC iWARP count from the FPDU start).
+	ok := ptr == at-r.fpduStart || (r.leadMarker && ptr == at-r.fpduStart-MarkerLen)
+	if !ok {
+		return term.Errorf(term.LayerLLP, term.LLPMPA, term.MPAMarker,
+			"marker at stream offset %d has FPDUPTR %d, the FPDU starts %d bytes back", at, ptr, at-r.fpduStart)
+	}
+	if r.cfg.CRC {
+		r.crc = crc32c.Update(r.crc, m)
+	}
+	r.lo += MarkerLen
+	r.off += MarkerLen
+	r.nextMarker += MarkerInterval
+	return nil
+}
+
+// consume moves n stream bytes, markers stripped, into dst (or drops them
+// when dst is nil), adding them to the CRC when sum is set.
+func (r *Reader) consume(dst []byte, n int, sum bool) error {
+	sum = sum && r.cfg.CRC
+	for n > 0 {
+		if r.cfg.Markers && r.off == r.nextMarker {
+			if err := r.marker(); err != nil {
+				return err
+			}
+			continue
+		}
+		avail := r.hi - r.lo
+		if avail == 0 {
+			if dst != nil && !r.cfg.Markers && n >= directMin && r.readErr == nil {
+				// Large read, nothing buffered: straight into dst.
+				k, err := r.r.Read(dst[:n])
+				if k > 0 {
+					if sum {
+						r.crc = crc32c.Update(r.crc, dst[:k])
+					}
+					dst, n, r.off = dst[k:], n-k, r.off+uint64(k)
+				}
+				if err != nil {
+					r.readErr = err
+				}
+				if k > 0 || err != nil {
+					continue
+				}
+			}
+			if err := r.fill(); err != nil {
+				return err
+			}
+			continue
+		}
+		k := min(avail, n)
+		if r.cfg.Markers {
+			k = min(k, int(r.nextMarker-r.off))
+		}
+		src := r.buf[r.lo : r.lo+k]
+		switch {
+		case dst != nil && sum:
+			r.crc = crc32c.UpdateCopy(r.crc, dst, src)
+		case dst != nil:
+			copy(dst, src)
+		case sum:
+			r.crc = crc32c.Update(r.crc, src)
+		}
+		if dst != nil {
+			dst = dst[k:]
+		}
+		r.lo += k
+		r.off += uint64(k)
+		n -= k
+	}
+	return nil
+}
+
+// Next finishes the current FPDU if the caller has not, then begins the
+// next one and returns its ULPDU_LENGTH. A length below MinULPDU (no DDP
+// header fits) or above MaxULPDU is LLP / MPA / 0x03: the framing is lost.
+func (r *Reader) Next() (int, error) {
+	if r.err != nil {
+		return 0, r.err
+	}
+	if r.inFPDU {
+		if err := r.Finish(); err != nil {
+			return 0, err
+		}
+	}
+	if r.hi == r.lo {
+		if err := r.fill(); err != nil {
+			if err == io.EOF {
+				return 0, r.fail(io.EOF)
+			}
+			return 0, r.fail(fmt.Errorf("mpa: reading FPDU: %w", err))
+		}
+	}
+	r.fpduStart = r.off
+	r.leadMarker = r.cfg.Markers && r.off == r.nextMarker
+	r.crc = 0
+	lb := r.scratch[:HeaderLen]
+	if err := r.consume(lb, HeaderLen, true); err != nil {
+		return 0, r.fail(midFPDU(err))
+	}
+	n := int(binary.BigEndian.Uint16(lb))
+	if n < MinULPDU || n > r.cfg.MaxULPDU {
+		return 0, r.fail(term.Errorf(term.LayerLLP, term.LLPMPA, term.MPAMarker,
+			"ULPDU_LENGTH %d at stream offset %d outside %d..%d", n, r.fpduStart, MinULPDU, r.cfg.MaxULPDU))
+	}
+	r.remain, r.pad, r.inFPDU = n, PadLen(n), true
+	return n, nil
+}
+
+var errBeyond = errors.New("mpa: read past the end of the ULPDU")
+
+// ReadFull reads the next len(p) ULPDU bytes into p, checksumming them as
+// it copies. Asking for more than Remaining is an error.
+func (r *Reader) ReadFull(p []byte) error {
+	if r.err != nil {
+		return r.err
+	}
+	if !r.inFPDU || len(p) > r.remain {
+		return fmt.Errorf("%w: %d bytes asked, %d left", errBeyond, len(p), r.remain)
+	}
+	if err := r.consume(p, len(p), true); err != nil {
+		return r.fail(midFPDU(err))
+	}
+	r.remain -= len(p)
+	return nil
+}
+
+// Discard skips the next n ULPDU bytes (still checksummed).
+func (r *Reader) Discard(n int) error {
+	if r.err != nil {
+		return r.err
+	}
+	if !r.inFPDU || n < 0 || n > r.remain {
+		return fmt.Errorf("%w: %d bytes to discard, %d left", errBeyond, n, r.remain)
+	}
+	if err := r.consume(nil, n, true); err != nil {
+		return r.fail(midFPDU(err))
+	}
+	r.remain -= n
+	return nil
+}
+
+// Finish discards what is left of the ULPDU, reads the pad and the CRC and,
+// when CRCs are on, verifies it: a mismatch is LLP / MPA / CRC error (0x02).
+// Markers anywhere in the FPDU, including one just before the CRC, are
+// covered by the CRC.
+func (r *Reader) Finish() error {
+	if r.err != nil {
+		return r.err
+	}
+	if !r.inFPDU {
+		return nil
+	}
+	if err := r.consume(nil, r.remain+r.pad, true); err != nil {
+		return r.fail(midFPDU(err))
+	}
+	r.remain = 0
+	cb := r.scratch[:CRCLen]
+	if err := r.consume(cb, CRCLen, false); err != nil {
+		return r.fail(midFPDU(err))
+	}
+	r.inFPDU = false
+	if r.cfg.CRC {
+		if got := binary.LittleEndian.Uint32(cb); got != r.crc {
+			return r.fail(term.Errorf(term.LayerLLP, term.LLPMPA, term.MPACRC,
+				"FPDU at stream offset %d: CRC32c 0x%08X received, 0x%08X computed", r.fpduStart, got, r.crc))
+		}
+	}
+	return nil
+}

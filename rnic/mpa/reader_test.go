@@ -1,0 +1,450 @@
+package mpa
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math/rand/v2"
+	"testing"
+	"testing/iotest"
+
+	"github.com/rnic-dev/rnic/rnic/term"
+)
+
+// ulpdus returns n random ULPDUs of sizes in [MinULPDU, max].
+func ulpdus(rng *rand.Rand, n, max int) [][]byte {
+	out := make([][]byte, n)
+	for i := range out {
+		b := make([]byte, MinULPDU+rng.IntN(max-MinULPDU+1))
+		for j := range b {
+			b[j] = byte(rng.Uint32())
+		}
+		out[i] = b
+	}
+	return out
+}
+
+// plainStream frames ULPDUs without markers.
+func plainStream(us [][]byte, crc bool) []byte {
+	var s []byte
+	for _, u := range us {
+		s = AppendFPDU(s, u[:MinULPDU], u[MinULPDU:], crc)
+	}
+	return s
+}
+
+// markerWriter frames ULPDUs with markers, from the rules of checklist §10.4
+// alone: a marker at every stream offset that is a multiple of 512 (the
+// first at offset 0), FPDUPTR = marker offset - offset of the FPDU's first
+// byte (0 when the FPDU begins with it), markers inside an FPDU covered by
+// its CRC, and a marker due where the CRC would start placed before it.
+type markerWriter struct {
+	out       []byte
+	fpduStart int
+	leadPtr   bool // count FPDUPTR from the ULPDU_LENGTH after a leading marker
+}
+
+func (w *markerWriter) put(b []byte) {
+	for _, c := range b {
+		w.markerIfDue()
+		w.out = append(w.out, c)
+	}
+}
+
+func (w *markerWriter) markerIfDue() {
+	if len(w.out)%MarkerInterval != 0 {
+		return
+	}
+	ptr := len(w.out) - w.fpduStart
+	if w.leadPtr && ptr > 0 && w.fpduStart%MarkerInterval == 0 {
+		ptr -= MarkerLen
+	}
+	w.out = binary.BigEndian.AppendUint16(w.out, 0)
+	w.out = binary.BigEndian.AppendUint16(w.out, uint16(ptr))
+}
+
+func (w *markerWriter) fpdu(ulpdu []byte, crc bool) {
+	w.fpduStart = len(w.out)
+	var l [2]byte
+	binary.BigEndian.PutUint16(l[:], uint16(len(ulpdu)))
+	w.put(l[:])
+	w.put(ulpdu)
+	w.put(make([]byte, PadLen(len(ulpdu))))
+	w.markerIfDue()
+	var c [4]byte
+	if crc {
+		binary.LittleEndian.PutUint32(c[:], crc32.Checksum(w.out[w.fpduStart:], castagnoli))
+	}
+	w.out = append(w.out, c[:]...) // 4-aligned: no marker can fall inside
+}
+
+// readAll reads every FPDU of r, cutting each ULPDU into ReadFull calls of
+// the given sizes (cycled), and returns the ULPDUs and the final error.
+func readAll(r *Reader, chunks ...int) ([][]byte, error) {
+	var out [][]byte
+	for {
+		n, err := r.Next()
+		if err != nil {
+			return out, err
+		}
+		u := make([]byte, n)
+		for off, i := 0, 0; off < n; i++ {
+			k := n - off
+			if len(chunks) > 0 {
+				k = min(k, chunks[i%len(chunks)])
+			}
+			if err := r.ReadFull(u[off : off+k]); err != nil {
+				return out, err
+			}
+			off += k
+			if r.Remaining() != n-off {
+				return out, errors.New("Remaining out of step")
+			}
+		}
+		if err := r.Finish(); err != nil {
+			return out, err
+		}
+		out = append(out, u)
+	}
+}
+
+func sameULPDUs(t *testing.T, got, want [][]byte) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%d ULPDUs, want %d", len(got), len(want))
+	}
+	for i := range got {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Fatalf("ULPDU %d differs", i)
+		}
+	}
+}
+
+// chunkReader returns the stream in reads of the given sizes (cycled).
+type chunkReader struct {
+	b     []byte
+	sizes []int
+	i     int
+}
+
+func (c *chunkReader) Read(p []byte) (int, error) {
+	if len(c.b) == 0 {
+		return 0, io.EOF
+	}
+	n := min(len(p), len(c.b), c.sizes[c.i%len(c.sizes)])
+	c.i++
+	copy(p, c.b[:n])
+	c.b = c.b[n:]
+	return n, nil
+}
+
+func TestReaderStreams(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	us := ulpdus(rng, 40, 3000)
+	us = append(us, make([]byte, MinULPDU), make([]byte, 9000), make([]byte, MaxULPDU))
+	for _, crc := range []bool{true, false} {
+		s := plainStream(us, crc)
+		readers := map[string]func() io.Reader{
+			"whole":    func() io.Reader { return bytes.NewReader(s) },
+			"onebyte":  func() io.Reader { return iotest.OneByteReader(bytes.NewReader(s)) },
+			"half":     func() io.Reader { return iotest.HalfReader(bytes.NewReader(s)) },
+			"dataerr":  func() io.Reader { return iotest.DataErrReader(bytes.NewReader(s)) },
+			"chunks":   func() io.Reader { return &chunkReader{b: s, sizes: []int{1, 7, 300, 2, 4096, 65536, 3}} },
+			"smallbuf": func() io.Reader { return bytes.NewReader(s) },
+		}
+		for name, mk := range readers {
+			cfg := ReaderConfig{CRC: crc}
+			if name == "smallbuf" {
+				cfg.BufSize = 70
+			}
+			for _, chunks := range [][]int{nil, {1}, {5, 13, 5000}} {
+				got, err := readAll(NewReader(mk(), cfg), chunks...)
+				if err != io.EOF {
+					t.Fatalf("crc=%v %s chunks %v: %v", crc, name, chunks, err)
+				}
+				sameULPDUs(t, got, us)
+			}
+		}
+	}
+}
+
+// Several FPDUs in one read, and every split of a stream into two reads.
+func TestReaderSplits(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	us := ulpdus(rng, 4, 40)
+	s := plainStream(us, true)
+	for cut := 0; cut <= len(s); cut++ {
+		r := NewReader(io.MultiReader(bytes.NewReader(s[:cut]), bytes.NewReader(s[cut:])), ReaderConfig{CRC: true, BufSize: 64})
+		got, err := readAll(r, 3)
+		if err != io.EOF {
+			t.Fatalf("cut %d: %v", cut, err)
+		}
+		sameULPDUs(t, got, us)
+	}
+}
+
+func TestReaderDiscard(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	us := ulpdus(rng, 30, 20000)
+	r := NewReader(&chunkReader{b: plainStream(us, true), sizes: []int{999}}, ReaderConfig{CRC: true})
+	for i, u := range us {
+		n, err := r.Next()
+		if err != nil || n != len(u) {
+			t.Fatalf("FPDU %d: %d %v", i, n, err)
+		}
+		h := make([]byte, MinULPDU)
+		if err := r.ReadFull(h); err != nil || !bytes.Equal(h, u[:MinULPDU]) {
+			t.Fatalf("header %d: %v", i, err)
+		}
+		switch i % 3 {
+		case 0:
+			if err := r.Discard(r.Remaining()); err != nil {
+				t.Fatal(err)
+			}
+		case 1:
+			if err := r.Discard(r.Remaining() / 2); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := r.ReadFull(make([]byte, r.Remaining()+1)); err == nil {
+			t.Fatal("read past the ULPDU allowed")
+		}
+		if err := r.Finish(); err != nil { // Finish discards the rest
+			t.Fatalf("FPDU %d: %v", i, err)
+		}
+	}
+	if _, err := r.Next(); err != io.EOF {
+		t.Fatalf("end: %v", err)
+	}
+}
+
+// A corrupted byte anywhere in an FPDU: CRC error (or lost framing when the
+// length field itself is hit); with CRCs off, a corrupted trailer passes.
+func TestReaderBadCRC(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	us := ulpdus(rng, 3, 100)
+	s := plainStream(us, true)
+	first := FPDULen(len(us[0]))
+	for i := range s {
+		bad := append([]byte(nil), s...)
+		bad[i] ^= 0x20
+		_, err := readAll(NewReader(bytes.NewReader(bad), ReaderConfig{CRC: true}))
+		var te *term.Error
+		if !errors.As(err, &te) || te.Cause.Layer != term.LayerLLP ||
+			(te.Cause.Code != term.MPACRC && te.Cause.Code != term.MPAMarker && err != io.ErrUnexpectedEOF) {
+			if !(errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)) {
+				t.Fatalf("byte %d: %v", i, err)
+			}
+		}
+		if i >= 2 && i < first { // not the length: must be a CRC error on FPDU 0
+			if !errors.As(err, &te) || te.Cause.Code != term.MPACRC {
+				t.Fatalf("byte %d: %v, want CRC error", i, err)
+			}
+		}
+	}
+	// Sticky.
+	bad := append([]byte(nil), s...)
+	bad[first-1] ^= 1
+	r := NewReader(bytes.NewReader(bad), ReaderConfig{CRC: true})
+	_, err := readAll(r)
+	wantMPA(t, err, term.MPACRC)
+	if _, err2 := r.Next(); err2 != err {
+		t.Fatalf("not sticky: %v", err2)
+	}
+	// CRC off: trailers are not checked.
+	for i := 0; i < len(s); {
+		n := int(binary.BigEndian.Uint16(s[i:]))
+		f := FPDULen(n)
+		copy(bad[i+f-4:], "JUNK")
+		i += f
+	}
+	got, err := readAll(NewReader(bytes.NewReader(bad), ReaderConfig{}))
+	if err != io.EOF {
+		t.Fatal(err)
+	}
+	sameULPDUs(t, got, us)
+}
+
+func TestReaderLength(t *testing.T) {
+	short := AppendFPDU(nil, make([]byte, 13), nil, true)
+	_, err := NewReader(bytes.NewReader(short), ReaderConfig{CRC: true}).Next()
+	wantMPA(t, err, term.MPAMarker)
+	long := AppendFPDU(nil, make([]byte, 101), nil, true)
+	_, err = NewReader(bytes.NewReader(long), ReaderConfig{CRC: true, MaxULPDU: 100}).Next()
+	wantMPA(t, err, term.MPAMarker)
+	if n, err := NewReader(bytes.NewReader(long), ReaderConfig{CRC: true, MaxULPDU: 101}).Next(); n != 101 || err != nil {
+		t.Fatalf("%d %v", n, err)
+	}
+}
+
+func TestReaderTruncated(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	us := ulpdus(rng, 3, 60)
+	s := plainStream(us, true)
+	bounds := map[int]bool{0: true}
+	for i, off := 0, 0; i < len(us); i++ {
+		off += FPDULen(len(us[i]))
+		bounds[off] = true
+	}
+	for cut := 0; cut < len(s); cut++ {
+		_, err := readAll(NewReader(iotest.OneByteReader(bytes.NewReader(s[:cut])), ReaderConfig{CRC: true}), 4)
+		want := io.ErrUnexpectedEOF
+		if bounds[cut] {
+			want = io.EOF
+		}
+		if err != want {
+			t.Fatalf("cut %d: %v, want %v", cut, err, want)
+		}
+	}
+	// Other I/O errors are passed up wrapped.
+	boom := errors.New("boom")
+	_, err := readAll(NewReader(iotest.ErrReader(boom), ReaderConfig{}))
+	if !errors.Is(err, boom) {
+		t.Fatalf("%v", err)
+	}
+	_, err = readAll(NewReader(io.MultiReader(bytes.NewReader(s[:30]), iotest.ErrReader(boom)), ReaderConfig{}))
+	if !errors.Is(err, boom) {
+		t.Fatalf("%v", err)
+	}
+}
+
+func TestReaderMarkers(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	// Sizes chosen so markers fall at FPDU starts, inside headers and
+	// payloads, between pad and CRC, and several times in one FPDU.
+	var us [][]byte
+	for _, n := range []int{502, 14, 486, 1000, 2044, 17, 15, 3000, 506, 503, 504, 505} {
+		u := make([]byte, n)
+		for i := range u {
+			u[i] = byte(rng.Uint32())
+		}
+		us = append(us, u)
+	}
+	us = append(us, ulpdus(rng, 200, 1500)...)
+	for _, leadPtr := range []bool{false, true} {
+		for _, crc := range []bool{true, false} {
+			w := &markerWriter{leadPtr: leadPtr}
+			var lead, beforeCRC int
+			for _, u := range us {
+				if len(w.out)%MarkerInterval == 0 {
+					lead++
+				}
+				w.fpdu(u, crc)
+				if (len(w.out)-8)%MarkerInterval == 0 {
+					beforeCRC++
+				}
+			}
+			if lead < 2 || beforeCRC < 1 {
+				t.Fatalf("test stream lacks corner cases: %d leading, %d before CRC", lead, beforeCRC)
+			}
+			for _, mk := range []func() io.Reader{
+				func() io.Reader { return bytes.NewReader(w.out) },
+				func() io.Reader { return iotest.OneByteReader(bytes.NewReader(w.out)) },
+				func() io.Reader { return &chunkReader{b: w.out, sizes: []int{509, 3, 1, 8192}} },
+			} {
+				got, err := readAll(NewReader(mk(), ReaderConfig{CRC: crc, Markers: true, BufSize: 600}), 7, 5000)
+				if err != io.EOF {
+					t.Fatalf("leadPtr=%v crc=%v: %v", leadPtr, crc, err)
+				}
+				sameULPDUs(t, got, us)
+			}
+			// Markers are covered by the CRC: flipping a marker's reserved bits
+			// (not checked themselves) breaks it.
+			if crc {
+				bad := append([]byte(nil), w.out...)
+				bad[MarkerInterval*3] ^= 0x80
+				_, err := readAll(NewReader(bytes.NewReader(bad), ReaderConfig{CRC: true, Markers: true}))
+				wantMPA(t, err, term.MPACRC)
+			}
+			// A wrong FPDUPTR is a marker error.
+			bad := append([]byte(nil), w.out...)
+			bad[MarkerInterval*5+3] ^= 0x04
+			_, err := readAll(NewReader(bytes.NewReader(bad), ReaderConfig{CRC: crc, Markers: true}))
+			wantMPA(t, err, term.MPAMarker)
+		}
+	}
+}
+
+func TestReaderMisuse(t *testing.T) {
+	s := plainStream([][]byte{make([]byte, 20), make([]byte, 30)}, true)
+	r := NewReader(bytes.NewReader(s), ReaderConfig{CRC: true})
+	if err := r.ReadFull(make([]byte, 1)); err == nil {
+		t.Fatal("ReadFull before Next")
+	}
+	if err := r.Finish(); err != nil {
+		t.Fatal("Finish outside an FPDU:", err)
+	}
+	if n, _ := r.Next(); n != 20 {
+		t.Fatal(n)
+	}
+	if err := r.Discard(-1); err == nil {
+		t.Fatal("negative Discard")
+	}
+	// Next without Finish finishes the FPDU.
+	if n, err := r.Next(); n != 30 || err != nil {
+		t.Fatal(n, err)
+	}
+	if r.Buffered() != 0+FPDULen(30)-2 {
+		t.Fatalf("Buffered %d", r.Buffered())
+	}
+}
+
+func TestReaderNoAllocs(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	s := plainStream(ulpdus(rng, 1, 8000), true)
+	src := bytes.NewReader(s)
+	r := NewReader(src, ReaderConfig{CRC: true})
+	buf := make([]byte, MaxULPDU)
+	n := testing.AllocsPerRun(200, func() {
+		src.Reset(s)
+		r.Reset(src)
+		n, err := r.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.ReadFull(buf[:n]); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Finish(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n != 0 {
+		t.Fatalf("%v allocations per FPDU", n)
+	}
+}
+
+func BenchmarkReader(b *testing.B) {
+	for _, size := range []int{64, 4096, 9000} {
+		rng := rand.New(rand.NewPCG(1, uint64(size)))
+		us := ulpdus(rng, 64, size)
+		for i := range us {
+			us[i] = us[i][:cap(us[i])]
+			us[i] = append(us[i], make([]byte, size-len(us[i]))...)
+		}
+		s := plainStream(us, true)
+		buf := make([]byte, size)
+		b.Run(fmt.Sprintf("ulpdu=%d", size), func(b *testing.B) {
+			b.SetBytes(int64(len(s)))
+			src := bytes.NewReader(s)
+			r := NewReader(src, ReaderConfig{CRC: true})
+			for b.Loop() {
+				src.Reset(s)
+				r.Reset(src)
+				for {
+					n, err := r.Next()
+					if err != nil {
+						break
+					}
+					_ = r.ReadFull(buf[:n])
+					if err := r.Finish(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}

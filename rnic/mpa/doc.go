@@ -46,8 +46,10 @@
 // checks the CRC only at Finish, after the caller has consumed the ULPDU:
 // the engine places payload while it is checksummed and acts on nothing
 // before Finish succeeds. Pad bytes are covered by the CRC but their value
-// is not checked. Errors are sticky, and no input makes any function here
-// panic (fuzzed by FuzzReader, FuzzParseFrame and FuzzParseIRDORD).
+// is not checked. Errors are sticky, and no input makes a decoder panic
+// (fuzzed by FuzzReader, FuzzParseFrame and FuzzParseIRDORD). The encoders
+// trust their caller: AppendFPDU panics on a ULPDU over 65535 bytes, which
+// MULPDU-sized segmentation never produces.
 //
 // Where the RFC text was not at hand (RFC 5044 and 6581 are not in
 // shared/spec), the layout follows wire-checklist.md §10–§11, which was

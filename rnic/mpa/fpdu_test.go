@@ -2,6 +2,7 @@ package mpa
 
 import (
 	"bytes"
+	"fmt"
 	"hash/crc32"
 	"testing"
 )
@@ -86,4 +87,18 @@ func TestAppendFPDUTooLong(t *testing.T) {
 		}
 	}()
 	AppendFPDU(nil, make([]byte, 18), make([]byte, MaxULPDU-17), true)
+}
+
+func BenchmarkAppendFPDU(b *testing.B) {
+	hdr := make([]byte, 18)
+	for _, n := range []int{0, 1024, 8192, 65000} {
+		payload := make([]byte, n)
+		dst := make([]byte, 0, FPDULen(len(hdr)+n))
+		b.Run(fmt.Sprintf("payload=%d", n), func(b *testing.B) {
+			b.SetBytes(int64(FPDULen(len(hdr) + n)))
+			for b.Loop() {
+				dst = AppendFPDU(dst[:0], hdr, payload, true)
+			}
+		})
+	}
 }

@@ -45,8 +45,8 @@ set -u
 SP={{SERVER_PORT}}; PP={{PROXY_PORT}}; NP={{NBD_PORT}}
 echo "CHECK cmdline $(cat /proc/cmdline)"
 ibv_devinfo; echo "CHECK ibv_devinfo rc=$?"
-waitlisten() { i=0; while ! netstat -ltn 2>/dev/null | grep -q ":$1 "; do
-  i=$((i+1)); [ $i -gt 300 ] && return 1; sleep 0.1; done; }
+waitlisten() { local w=0; while ! netstat -ltn 2>/dev/null | grep -q ":$1 "; do
+  w=$((w+1)); [ $w -gt 300 ] && return 1; sleep 0.1; done; }
 
 # rping: server in the guest, client in the guest reaching it through the host
 # (guest -> 10.0.2.2:PP -> test's TCP relay -> 127.0.0.1:SP -> forward -> guest:SP).

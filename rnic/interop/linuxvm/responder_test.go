@@ -17,11 +17,19 @@ import (
 )
 
 // TestSiwResponder plays an MPA initiator and rping client by hand (raw bytes
-// over TCP) against a stock siw rping server in the VM, one fresh server per
+// over TCP) against a siw rping server in the VM, one fresh server per
 // scenario, and checks how siw answers: RTR negotiation, CRC, markers, IRD/ORD
-// clamping, the rping exchange itself, and the Terminate for a bad STag.
+// clamping, the rping exchange itself, and its Terminates. Both siw builds
+// answer alike: the crc1 build's settings only shape what it sends as
+// initiator.
 func TestSiwResponder(t *testing.T) {
 	cache := vmCache(t)
+	for _, v := range []Variant{Stock, CRC1} {
+		t.Run(string(v), func(t *testing.T) { testResponder(t, cache, v) })
+	}
+}
+
+func testResponder(t *testing.T, cache string, v Variant) {
 	share := t.TempDir()
 	scenarios := []struct {
 		name string
@@ -67,7 +75,7 @@ done
 `, strings.Join(portList, " "))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	vm, err := Boot(ctx, Config{CacheDir: cache, Variant: Stock, GuestScript: script, ShareDir: share,
+	vm, err := Boot(ctx, Config{CacheDir: cache, Variant: v, GuestScript: script, ShareDir: share,
 		Forwards: ports, Timeout: 8 * time.Minute, Log: func(l string) {
 			if !strings.HasPrefix(l, "PROBE-OUT") {
 				t.Logf("guest: %s", l)

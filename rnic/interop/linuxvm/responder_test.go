@@ -47,6 +47,7 @@ func testResponder(t *testing.T, cache string, v Variant) {
 		{"ird-ord-clamped", scenarioIRDClamp, wantPings(1)},
 		{"bad-stag-terminate", scenarioBadSTag, nil},
 		{"bad-opcode-terminate", scenarioBadOpcode, nil},
+		{"bad-read-stag-terminate", scenarioBadReadSTag, nil},
 	}
 	// One port per scenario: a closed connection leaves the port busy (TIME_WAIT)
 	// for rdma_bind_addr for a minute.
@@ -429,4 +430,36 @@ func scenarioBadSTag(t *testing.T, p *peerConn) {
 	}
 	t.Logf("M/D byte %#02x (RFC 5040 masks: M 0x80, D 0x40, R 0x20), DDP Segment Length %d",
 		pl[2], binary.BigEndian.Uint16(pl[4:6]))
+}
+
+// scenarioBadReadSTag sends a Read Request for an STag siw never issued:
+// RDMAP (0) / Remote Protection (1) / invalid STag (0), with M, D and R set
+// and the Read Request echoed.
+func scenarioBadReadSTag(t *testing.T, p *peerConn) {
+	p.connect(0x10, 2, irdORD(1, 1))
+	rr := make([]byte, 28)
+	binary.BigEndian.PutUint32(rr, sinkSTag)
+	binary.BigEndian.PutUint64(rr[4:], sinkTO)
+	binary.BigEndian.PutUint32(rr[12:], 16)
+	binary.BigEndian.PutUint32(rr[16:], 0xdeadbe01)
+	req := untagged(opReadReq, 1, 1, 0, rr)
+	p.sendSeg(req)
+	pl := p.readTerminate()
+	if len(pl) < 4 || (pl[0] != 0x10 && pl[0] != 0x01) || pl[1] != 0 {
+		t.Fatalf("Terminate % x, want RDMAP/Remote Protection/invalid STag", pl)
+	}
+	// Observed: control 10 00 07 00 (EType high, Layer low; M|D|R = 0x07),
+	// "DDP Segment Length" 0, then our 46-byte Read Request header as siw
+	// rebuilt it from its send queue: every field ours except the MSN, where
+	// siw puts the read size (siw_qp.c: ddp_msn = sge[0].length).
+	if len(pl) != 4+2+len(req) || pl[2] != 0x07 {
+		t.Fatalf("Terminate % x: want control, 2-byte length, %d-byte Read Request", pl, len(req))
+	}
+	echo := append([]byte(nil), pl[6:]...)
+	t.Logf("DDP Segment Length %d, echoed MSN %d (sent 1), read size 16",
+		binary.BigEndian.Uint16(pl[4:6]), binary.BigEndian.Uint32(echo[10:14]))
+	copy(echo[10:14], req[10:14])
+	if !bytes.Equal(echo, req) {
+		t.Errorf("echoed header % x, sent % x", pl[6:], req)
+	}
 }

@@ -1,0 +1,7 @@
+//go:build !amd64
+
+package crc32c
+
+// archKernels returns no assembly kernels: only the portable one exists
+// outside amd64.
+func archKernels() []kernel { return nil }

@@ -1,0 +1,136 @@
+package nbd
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+)
+
+// allowedFlags are the command flags accepted per command. FUA is
+// accepted on every command, as the specification requires once
+// NBD_FLAG_SEND_FUA is advertised (it is a no-op where nothing is
+// written). DF, REQ_ONE and FAST_ZERO belong to features this server does
+// not advertise and are refused with EINVAL.
+func allowedFlags(typ uint16) uint16 {
+	if typ == CmdWriteZeroes {
+		return CmdFlagFUA | CmdFlagNoHole
+	}
+	return CmdFlagFUA
+}
+
+// check validates a request against the export before it is run and
+// returns the NBD error to answer with, or 0:
+//
+//   - unknown command (including NBD_CMD_BLOCK_STATUS, which needs
+//     metadata contexts this server never negotiates), or a flag not
+//     valid for the command: EINVAL;
+//   - WRITE, TRIM or WRITE_ZEROES on a read-only export: EPERM;
+//   - FLUSH with a nonzero offset or length: EINVAL;
+//   - READ or WRITE longer than MaxBlock: EINVAL;
+//   - offset or length not a multiple of MinBlock: EINVAL;
+//   - a range past the end of the export: ENOSPC for WRITE and
+//     WRITE_ZEROES, EINVAL for READ, TRIM and CACHE.
+func check(exp Export, size int64, r *request) uint32 {
+	switch r.typ {
+	case CmdRead, CmdWrite, CmdFlush, CmdTrim, CmdWriteZeroes, CmdCache:
+	default:
+		return EINVAL
+	}
+	if r.flags&^allowedFlags(r.typ) != 0 {
+		return EINVAL
+	}
+	writes := r.typ == CmdWrite || r.typ == CmdTrim || r.typ == CmdWriteZeroes
+	if writes && exp.ReadOnly {
+		return EPERM
+	}
+	if r.typ == CmdFlush {
+		if r.off != 0 || r.length != 0 {
+			return EINVAL
+		}
+		return 0
+	}
+	if (r.typ == CmdRead || r.typ == CmdWrite) && r.length > exp.MaxBlock {
+		return EINVAL
+	}
+	if m := uint64(exp.MinBlock); r.off%m != 0 || uint64(r.length)%m != 0 {
+		return EINVAL
+	}
+	// off + length cannot overflow: off is compared first.
+	if r.off > uint64(size) || uint64(r.length) > uint64(size)-r.off {
+		if r.typ == CmdWrite || r.typ == CmdWriteZeroes {
+			return ENOSPC
+		}
+		return EINVAL
+	}
+	return 0
+}
+
+// execute runs a checked request on the backend and sets r.errno.
+func (s *session) execute(r *request) {
+	be := s.sel.exp.Backend
+	ctx := s.ctx
+	off, n := int64(r.off), int64(r.length)
+	fua := r.flags&CmdFlagFUA != 0
+	var err error
+	switch r.typ {
+	case CmdRead:
+		err = be.ReadAt(ctx, *r.buf, off)
+	case CmdWrite:
+		if n > 0 {
+			err = be.WriteAt(ctx, *r.buf, off, fua)
+		}
+	case CmdFlush:
+		err = be.Flush(ctx)
+	case CmdTrim:
+		err = be.Trim(ctx, off, n)
+		if errors.Is(err, errors.ErrUnsupported) {
+			err = nil // a hint the backend may ignore
+		}
+		if err == nil && fua {
+			err = be.Flush(ctx)
+		}
+	case CmdWriteZeroes:
+		// NBD_CMD_FLAG_NO_HOLE asks for allocated zeroes; the Backend
+		// contract only promises zeroes, which is what reads see either
+		// way.
+		err = be.WriteZeroes(ctx, off, n, fua)
+	case CmdCache:
+		// Advisory and not advertised; accepted as a no-op.
+	}
+	if err != nil {
+		r.errno = Errno(err)
+		if r.typ == CmdRead {
+			s.c.pool.put(r.buf) // no payload goes out with an error
+			r.buf = nil
+		}
+		lvl := slog.LevelWarn
+		if ctx.Err() != nil {
+			lvl = slog.LevelDebug // shutting down; every request fails alike
+		}
+		s.c.log.Log(ctx, lvl, "nbd: request failed", "cmd", commandName(r.typ), "offset", r.off,
+			"length", r.length, "errno", r.errno, "err", err)
+	}
+}
+
+// commandName names a command for logs.
+func commandName(typ uint16) string {
+	switch typ {
+	case CmdRead:
+		return "NBD_CMD_READ"
+	case CmdWrite:
+		return "NBD_CMD_WRITE"
+	case CmdDisc:
+		return "NBD_CMD_DISC"
+	case CmdFlush:
+		return "NBD_CMD_FLUSH"
+	case CmdTrim:
+		return "NBD_CMD_TRIM"
+	case CmdCache:
+		return "NBD_CMD_CACHE"
+	case CmdWriteZeroes:
+		return "NBD_CMD_WRITE_ZEROES"
+	case CmdBlockStatus:
+		return "NBD_CMD_BLOCK_STATUS"
+	}
+	return fmt.Sprintf("command %d", typ)
+}

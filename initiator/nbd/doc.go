@@ -1,0 +1,118 @@
+// Package nbd is the NBD (Network Block Device) server through which
+// `rinit nbd` exports a remote volume to ordinary NBD clients: the Linux
+// kernel's nbd-client, qemu, libnbd's nbdinfo, nbdcopy and nbdfuse, fio's
+// nbd engine. A Server offers Exports; each Export is a Backend (byte
+// addressed ReadAt, WriteAt with FUA, Flush, Trim, WriteZeroes) plus how it
+// is advertised. Serve takes a TCP or unix listener, ServeConn one
+// connection.
+//
+// # What comes from go-nbd, and what this package owns
+//
+// The project builds on github.com/pojntfx/go-nbd v0.3.2. Its pkg/server
+// is a single function, Handle(conn, exports, options), that runs the
+// handshake and then a serial transmission loop on the same goroutine;
+// there is no way to run its negotiation alone and take over afterwards.
+// Read closely, its negotiation could not serve this package even if it
+// could be split off:
+//
+//   - The transmission flags are either 0 or HAS_FLAGS|CAN_MULTI_CONN.
+//     It never advertises SEND_FLUSH, SEND_FUA, SEND_TRIM,
+//     SEND_WRITE_ZEROES or READ_ONLY (Options.ReadOnly only makes writes
+//     fail with EPERM), and without CAN_MULTI_CONN it even omits
+//     HAS_FLAGS, which the specification says MUST always be set.
+//   - NBD_OPT_EXPORT_NAME, which older clients use, is answered with
+//     NBD_REP_ERR_UNSUP, a reply that option does not allow.
+//   - It trusts lengths from the wire: the export name length inside
+//     NBD_OPT_INFO/GO is allocated before it is checked against the
+//     option length (up to 4 GiB per option), and NBD_OPT_LIST does not
+//     consume option data, so a client sending some desynchronises the
+//     stream.
+//   - After an NBD_OPT_INFO for one export, an NBD_OPT_GO for an unknown
+//     name enters transmission with the earlier export.
+//   - It encodes with encoding/binary reflection, which this project's
+//     wire style avoids.
+//
+// (It does send NBD_INFO_BLOCK_SIZE, unconditionally, from its Options.)
+// Its transmission loop is serial, drops the connection on any backend
+// error and knows only READ, WRITE and DISC.
+//
+// So this package keeps go-nbd for what works: the protocol vocabulary of
+// github.com/pojntfx/go-nbd/pkg/protocol. Its magic numbers, option, reply
+// and information type codes, flags and error values are used wherever it
+// defines them (consts.go adds the ones it lacks, named as in the
+// specification), and its header structs (NegotiationNewstyleHeader,
+// NegotiationOptionHeader, NegotiationReplyHeader, NegotiationReplyInfo,
+// NegotiationReplyBlockSize, TransmissionRequestHeader,
+// TransmissionReplyHeader) are the field structs that this package's wire
+// views (Greeting, Option, OptionReply, InfoExport, InfoBlockSize,
+// Request, SimpleReply) encode from. This package owns the handshake and
+// the whole transmission phase.
+//
+// # Handshake
+//
+// Fixed newstyle only (the server also sets NBD_FLAG_NO_ZEROES). Options:
+//
+//   - NBD_OPT_GO, NBD_OPT_INFO: NBD_INFO_EXPORT (size, transmission
+//     flags), NBD_INFO_BLOCK_SIZE (always sent), NBD_INFO_NAME (when asked
+//     for, or when the default export was chosen by the empty name) and
+//     NBD_INFO_DESCRIPTION (when asked for). Unknown export:
+//     NBD_REP_ERR_UNKNOWN; bad lengths: NBD_REP_ERR_INVALID.
+//   - NBD_OPT_EXPORT_NAME, with or without the 124 zero bytes; an unknown
+//     export closes the connection, the only refusal that option allows.
+//   - NBD_OPT_LIST: one NBD_REP_SERVER (name and description) per export.
+//   - NBD_OPT_ABORT: acknowledged, then the connection is closed.
+//   - everything else, including NBD_OPT_STRUCTURED_REPLY and
+//     NBD_OPT_STARTTLS: NBD_REP_ERR_UNSUP; so replies are always simple.
+//
+// Option data over 64 KiB is skipped and answered with
+// NBD_REP_ERR_TOO_BIG (an NBD_OPT_EXPORT_NAME that long closes the
+// connection). Option haggling must finish within Server.HandshakeTimeout.
+//
+// Transmission flags: HAS_FLAGS always; SEND_FLUSH, SEND_FUA, SEND_TRIM
+// and SEND_WRITE_ZEROES for writable exports; READ_ONLY for read-only
+// ones; CAN_MULTI_CONN when Export.MultiConn says the Backend is
+// consistent across connections.
+//
+// Size constraints (NBD_INFO_BLOCK_SIZE) default to minimum 512,
+// preferred 4096, maximum payload 32 MiB. They are enforced on every
+// request, also for clients that did not ask for them (the specification
+// allows this if such requests are cleanly failed, which they are, with
+// EINVAL); the Backend therefore only ever sees aligned ranges.
+//
+// # Transmission
+//
+// One reader goroutine per connection parses requests; each request that
+// passes the checks runs on the Backend in its own goroutine, and one
+// writer goroutine sends the replies in the order they complete, so
+// replies overtake each other freely. At most Server.MaxInFlight requests
+// (default 64) are in flight per connection, and their payloads (WRITE
+// data held, READ data to send) are bounded by Server.MaxInFlightBytes
+// (default 64 MiB): when either is used up the reader stops reading the
+// socket until replies have gone out. Payload buffers are recycled in
+// power-of-two size classes.
+//
+// Commands: READ, WRITE (FUA), FLUSH, TRIM (FUA: trim then Flush),
+// WRITE_ZEROES (FUA; NO_HOLE is accepted and served as plain zeroing),
+// CACHE (accepted as a no-op, not advertised) and DISC. Every failure is
+// answered on the request and the connection stays usable:
+//
+//   - EINVAL: unknown command (the specification's SHOULD; it reserves
+//     ENOTSUP for fast-zero requests), a flag not valid for the command,
+//     misalignment to the minimum block size, READ/WRITE longer than the
+//     maximum payload, FLUSH with nonzero offset/length, READ/TRIM past
+//     the end;
+//   - ENOSPC: WRITE/WRITE_ZEROES past the end;
+//   - EPERM: WRITE, TRIM, WRITE_ZEROES on a read-only export;
+//   - Backend errors: mapped by Errno (EIO unless the error says
+//     otherwise; see Error).
+//
+// A protocol violation ends the connection with an Error-level log and an
+// error wrapping ErrProtocol: a bad request magic, or a WRITE whose
+// payload exceeds both the maximum payload and 32 MiB (payloads up to
+// 32 MiB are skipped and refused with EINVAL, since the specification
+// says they should not be treated as a denial of service). NBD_CMD_DISC
+// stops the reader, lets the requests in flight finish and sends their
+// replies, then closes. On shutdown (ctx cancelled) the same happens,
+// except that Backend calls see the cancelled context and their errors
+// go out as ESHUTDOWN; closing replies are bounded by Server.DrainTimeout.
+package nbd

@@ -1,0 +1,495 @@
+package rnic
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rnic-dev/rnic/rnic/ddp"
+	"github.com/rnic-dev/rnic/rnic/mpa"
+	"github.com/rnic-dev/rnic/rnic/rdmap"
+	"github.com/rnic-dev/rnic/rnic/term"
+)
+
+// The connection manager: TCP connect/accept and the MPA start-up exchange
+// (RFC 5044 §7.1, RFC 6581), then Attach. The verbs draft leaves this outside
+// the verbs (§6.6); it plays the part of rdma_cm.
+//
+// Policy:
+//   - We send revision 2 with the RFC 6581 IRD/ORD block by default (revision
+//     1 on request) and accept both. CRC is on if either side asks; we ask
+//     unless NoCRC is set. We never ask for markers and reject a Request that
+//     asks us to send them.
+//   - As Initiator we offer the zero-length Write and Read RTRs and send the
+//     one the Responder picks; as Responder we pick Write, else Read, else
+//     Send, and send nothing before it arrives.
+//   - Large FPDUs (up to 64 KiB, whatever the TCP MSS) are used only between
+//     two of our own peers that both enable them: an 8-byte block at the
+//     front of the private data ("RNX1", max ULPDU) offers and confirms them;
+//     any other peer gets MULPDU from the TCP MSS (RFC 5044 §8).
+
+// ConnParams are the Initiator's choices.
+type ConnParams struct {
+	PrivateData []byte
+	Rev         int  // 1 or 2 (default 2)
+	NoCRC       bool // do not ask for CRC (it is still used if the peer asks)
+	IRD, ORD    int  // advertised; 0 means the QP's
+	LargeFPDU   bool
+}
+
+// AcceptParams are the Responder's choices.
+type AcceptParams struct {
+	PrivateData []byte
+	NoCRC       bool
+	IRD, ORD    int
+	LargeFPDU   bool
+}
+
+// ConnInfo describes an established connection.
+type ConnInfo struct {
+	PrivateData      []byte // the peer's ULP private data
+	Rev              int
+	CRC              bool
+	RTR              RTRType
+	PeerIRD, PeerORD int
+	MULPDU           int
+	LargeFPDU        bool
+}
+
+// RejectError is returned to an Initiator whose Request was rejected.
+type RejectError struct {
+	PrivateData []byte
+}
+
+func (e *RejectError) Error() string {
+	return fmt.Sprintf("rnic: connection rejected by peer (%d bytes of private data)", len(e.PrivateData))
+}
+
+func (e *RejectError) Unwrap() error { return ErrRejected }
+
+var extMagic = [4]byte{'R', 'N', 'X', '1'}
+
+const extLen = 8
+
+func withExt(pd []byte, large bool) []byte {
+	if !large {
+		return pd
+	}
+	b := make([]byte, extLen, extLen+len(pd))
+	copy(b, extMagic[:])
+	binary.BigEndian.PutUint16(b[4:], maxULPDU)
+	return append(b, pd...)
+}
+
+// splitExt strips our extension block; it returns the peer's max ULPDU (0 if
+// absent) and the ULP's private data.
+func splitExt(pd []byte) (int, []byte) {
+	if len(pd) >= extLen && bytes.Equal(pd[:4], extMagic[:]) {
+		return int(binary.BigEndian.Uint16(pd[4:])), pd[extLen:]
+	}
+	return 0, pd
+}
+
+// standardMULPDU computes RFC 5044's MULPDU from the connection's TCP MSS
+// (no markers): EMSS - (6 + EMSS mod 4).
+func standardMULPDU(nc net.Conn) int {
+	emss := 1460
+	if sc, ok := nc.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			raw.Control(func(fd uintptr) {
+				if v, err := syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_MAXSEG); err == nil && v > 0 {
+					emss = v
+				}
+			})
+		}
+	}
+	m := emss - (6 + emss%4)
+	return min(max(m, minMULPDU), maxULPDU)
+}
+
+func (d *Device) deadline(ctx context.Context) time.Time {
+	dl := time.Now().Add(d.cfg.MPATimeout)
+	if t, ok := ctx.Deadline(); ok && t.Before(dl) {
+		dl = t
+	}
+	return dl
+}
+
+func tuneTCP(nc net.Conn) {
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+		tc.SetKeepAlive(true)
+		tc.SetKeepAlivePeriod(15 * time.Second)
+	}
+}
+
+// Connect connects qp to a listening peer at addr ("host:port"), performs
+// the MPA Initiator exchange and moves qp to RTS.
+func (d *Device) Connect(ctx context.Context, qp *QP, addr string, p ConnParams) (*ConnInfo, error) {
+	var dl net.Dialer
+	nc, err := dl.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("rnic: connect %s: %w", addr, err)
+	}
+	info, err := d.ConnectConn(ctx, qp, nc, p)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("rnic: connect %s: %w", addr, err)
+	}
+	return info, nil
+}
+
+// ConnectConn runs the MPA Initiator exchange on an established connection
+// and attaches qp to it.
+func (d *Device) ConnectConn(ctx context.Context, qp *QP, nc net.Conn, p ConnParams) (*ConnInfo, error) {
+	if st := qp.State(); st != StateIdle {
+		return nil, fmt.Errorf("%w (%s)", ErrQPNotIdle, st)
+	}
+	tuneTCP(nc)
+	rev := p.Rev
+	if rev == 0 {
+		rev = 2
+	}
+	if rev != 1 && rev != 2 {
+		return nil, fmt.Errorf("%w: MPA revision %d", ErrInvalidModifier, rev)
+	}
+	ird, ord := p.IRD, p.ORD
+	qi := qp.Query()
+	if ird == 0 {
+		ird = qi.IRD
+	}
+	if ord == 0 {
+		ord = qi.ORD
+	}
+	req := mpa.Frame{CRC: !p.NoCRC, Rev: uint8(rev), PrivateData: withExt(p.PrivateData, p.LargeFPDU)}
+	if rev == 2 {
+		req.Enhanced = &mpa.IRDORD{IRD: uint16(ird), ORD: uint16(ord), P2P: true, RTRWrite: true, RTRRead: true}
+	}
+	b, err := req.Append(nil)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMPA, err)
+	}
+	nc.SetDeadline(d.deadline(ctx))
+	stopCtx := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Now()) })
+	defer stopCtx()
+	if _, err := nc.Write(b); err != nil {
+		return nil, fmt.Errorf("%w: sending MPA Request: %v", ErrMPA, err)
+	}
+	rep, err := mpa.ReadFrame(nc, true)
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading MPA Reply: %v", ErrMPA, err)
+	}
+	nc.SetDeadline(time.Time{})
+	peerMax, ulpPD := splitExt(rep.PrivateData)
+	if rep.Reject {
+		return nil, &RejectError{PrivateData: ulpPD}
+	}
+	crc := req.CRC || rep.CRC
+	refuse := func(code term.Code, why string) error {
+		sendMPATerminate(nc, crc, code)
+		return fmt.Errorf("%w: %s", ErrMPA, why)
+	}
+	if rep.Markers {
+		return nil, refuse(term.MPAInvalidFrame, "the Responder requires markers, which this RNIC does not send")
+	}
+	if int(rep.Rev) > rev {
+		return nil, refuse(term.MPAInvalidFrame, fmt.Sprintf("MPA Reply revision %d to a revision %d Request", rep.Rev, rev))
+	}
+	s := Stream{Conn: nc, Initiator: true, Rev: int(rep.Rev), CRC: crc, PrivateData: ulpPD}
+	if rep.Rev == 2 && rep.Enhanced != nil {
+		e := rep.Enhanced
+		s.Enhanced = true
+		s.PeerIRD, s.PeerORD = int(e.IRD), int(e.ORD)
+		if int(e.ORD) > ird {
+			return nil, refuse(term.MPAInsufficientIRD, fmt.Sprintf("peer ORD %d exceeds our IRD %d", e.ORD, ird))
+		}
+		if e.P2P {
+			switch {
+			case e.RTRWrite && !e.RTRRead && !e.RTRSend:
+				s.RTR = RTRWrite
+			case e.RTRRead && !e.RTRWrite && !e.RTRSend:
+				s.RTR = RTRRead
+			default:
+				return nil, refuse(term.MPANoMatchingRTR, "the Responder chose no single RTR type we offered")
+			}
+		}
+	}
+	large := p.LargeFPDU && peerMax > 0
+	if large {
+		s.MULPDU = min(peerMax, maxULPDU)
+	} else {
+		s.MULPDU = standardMULPDU(nc)
+	}
+	if err := qp.Attach(s); err != nil {
+		return nil, err
+	}
+	return &ConnInfo{PrivateData: ulpPD, Rev: s.Rev, CRC: crc, RTR: s.RTR, PeerIRD: s.PeerIRD, PeerORD: s.PeerORD,
+		MULPDU: s.MULPDU, LargeFPDU: large}, nil
+}
+
+// sendMPATerminate sends a Terminate with an LLP/MPA cause as the first FPDU
+// of a stream that will not enter RDMA mode, then closes it.
+func sendMPATerminate(nc net.Conn, crc bool, code term.Code) {
+	var h [ddp.UntaggedHeaderLen]byte
+	ddp.Untagged(h[:]).Encode(&ddp.UntaggedFields{Last: true, RsvdULP0: rdmap.Ctrl(rdmap.OpTerminate),
+		QN: rdmap.QNTerminate, MSN: 1})
+	body := rdmap.AppendTerminate(nil, &rdmap.TerminateFields{Cause: term.Cause{Layer: term.LayerLLP, EType: term.LLPMPA, Code: code}})
+	nc.SetWriteDeadline(time.Now().Add(time.Second))
+	nc.Write(mpa.AppendFPDU(nil, h[:], body, crc))
+	closeWrite(nc)
+	nc.Close()
+}
+
+// Listener accepts connection requests.
+type Listener struct {
+	dev  *Device
+	ln   net.Listener
+	reqs chan *ConnRequest
+	done chan struct{}
+	once sync.Once
+	wg   sync.WaitGroup
+}
+
+// Listen listens for MPA Initiators on addr ("host:port").
+func (d *Device) Listen(addr string) (*Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("rnic: listen %s: %w", addr, err)
+	}
+	return d.ListenOn(ln), nil
+}
+
+// ListenOn accepts connection requests on an existing listener.
+func (d *Device) ListenOn(ln net.Listener) *Listener {
+	l := &Listener{dev: d, ln: ln, reqs: make(chan *ConnRequest), done: make(chan struct{})}
+	d.mu.Lock()
+	d.lsns[l] = struct{}{}
+	d.mu.Unlock()
+	l.wg.Add(1)
+	go l.acceptLoop()
+	return l
+}
+
+// Addr is the listening address.
+func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
+
+// Close stops listening; pending requests are dropped.
+func (l *Listener) Close() error {
+	var err error
+	l.once.Do(func() {
+		close(l.done)
+		err = l.ln.Close()
+		l.dev.mu.Lock()
+		delete(l.dev.lsns, l)
+		l.dev.mu.Unlock()
+	})
+	l.wg.Wait()
+	return err
+}
+
+func (l *Listener) acceptLoop() {
+	defer l.wg.Done()
+	for {
+		nc, err := l.ln.Accept()
+		if err != nil {
+			select {
+			case <-l.done:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			l.dev.log.Warn("accept failed", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		l.wg.Add(1)
+		go l.handshake(nc)
+	}
+}
+
+// handshake reads and checks a Request, then hands it to Accept.
+func (l *Listener) handshake(nc net.Conn) {
+	defer l.wg.Done()
+	d := l.dev
+	tuneTCP(nc)
+	nc.SetDeadline(time.Now().Add(d.cfg.MPATimeout))
+	req, err := mpa.ReadFrame(nc, false)
+	if err != nil {
+		d.log.Info("bad MPA Request: closing", "peer", nc.RemoteAddr(), "err", err)
+		nc.Close()
+		return
+	}
+	nc.SetDeadline(time.Time{})
+	peerMax, ulpPD := splitExt(req.PrivateData)
+	cr := &ConnRequest{l: l, nc: nc, Rev: int(req.Rev), CRC: req.CRC, Markers: req.Markers, PrivateData: ulpPD,
+		RemoteAddr: nc.RemoteAddr(), peerMax: peerMax}
+	if req.Rev == 2 && req.Enhanced != nil {
+		e := req.Enhanced
+		cr.Enhanced, cr.PeerIRD, cr.PeerORD = true, int(e.IRD), int(e.ORD)
+		cr.p2p, cr.offer = e.P2P, *e
+	}
+	if req.Markers {
+		d.log.Info("MPA Request asks for markers: rejecting", "peer", nc.RemoteAddr())
+		cr.Reject(nil)
+		return
+	}
+	select {
+	case l.reqs <- cr:
+	case <-l.done:
+		nc.Close()
+	}
+}
+
+// Accept returns the next connection request.
+func (l *Listener) Accept(ctx context.Context) (*ConnRequest, error) {
+	select {
+	case r := <-l.reqs:
+		return r, nil
+	case <-l.done:
+		return nil, fmt.Errorf("rnic: accept: %w", net.ErrClosed)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("rnic: accept: %w", ctx.Err())
+	}
+}
+
+// ConnRequest is a received MPA Request waiting for Accept or Reject.
+type ConnRequest struct {
+	l                *Listener
+	nc               net.Conn
+	Rev              int
+	CRC              bool // the Initiator asked for CRC
+	Markers          bool
+	Enhanced         bool // RFC 6581 IRD/ORD block present
+	PeerIRD, PeerORD int
+	PrivateData      []byte
+	RemoteAddr       net.Addr
+	peerMax          int
+	p2p              bool
+	offer            mpa.IRDORD
+	mu               sync.Mutex
+	answered         bool
+}
+
+func (r *ConnRequest) answer() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.answered {
+		return false
+	}
+	r.answered = true
+	return true
+}
+
+// Reject answers with an MPA Reply with the Reject flag and closes.
+func (r *ConnRequest) Reject(privateData []byte) error {
+	if !r.answer() {
+		return ErrNotAccepted
+	}
+	defer r.nc.Close()
+	rep := mpa.Frame{Reply: true, Reject: true, Rev: uint8(max(min(r.Rev, 2), 1)), CRC: r.CRC, PrivateData: privateData}
+	if rep.Rev == 2 && r.Enhanced {
+		rep.Enhanced = &mpa.IRDORD{}
+	}
+	b, err := rep.Append(nil)
+	if err != nil {
+		return fmt.Errorf("rnic: reject: %w", err)
+	}
+	r.nc.SetWriteDeadline(time.Now().Add(time.Second))
+	if _, err := r.nc.Write(b); err != nil {
+		return fmt.Errorf("rnic: reject: %w", err)
+	}
+	closeWrite(r.nc)
+	return nil
+}
+
+// earlyData reports bytes the Initiator sent before our Reply: a protocol
+// violation (RFC 5044 §7.1: no FPDU before the Reply).
+func earlyData(nc net.Conn) bool {
+	nc.SetReadDeadline(time.Now().Add(time.Millisecond))
+	var b [1]byte
+	n, _ := nc.Read(b[:])
+	nc.SetReadDeadline(time.Time{})
+	return n > 0
+}
+
+// Accept answers with an MPA Reply and moves qp to RTS.
+func (r *ConnRequest) Accept(ctx context.Context, qp *QP, p AcceptParams) (*ConnInfo, error) {
+	if !r.answer() {
+		return nil, ErrNotAccepted
+	}
+	nc := r.nc
+	fail := func(err error) (*ConnInfo, error) {
+		nc.Close()
+		return nil, fmt.Errorf("rnic: accept from %s: %w", r.RemoteAddr, err)
+	}
+	if st := qp.State(); st != StateIdle {
+		return fail(fmt.Errorf("%w (%s)", ErrQPNotIdle, st))
+	}
+	if earlyData(nc) {
+		return fail(fmt.Errorf("%w: the Initiator sent data before the MPA Reply", ErrMPA))
+	}
+	qi := qp.Query()
+	ird, ord := p.IRD, p.ORD
+	if ird == 0 {
+		ird = qi.IRD
+	}
+	if ord == 0 {
+		ord = qi.ORD
+	}
+	rev := min(r.Rev, 2)
+	crc := r.CRC || !p.NoCRC
+	large := p.LargeFPDU && r.peerMax > 0
+	rep := mpa.Frame{Reply: true, CRC: !p.NoCRC, Rev: uint8(rev), PrivateData: withExt(p.PrivateData, large)}
+	s := Stream{Conn: nc, Rev: rev, CRC: crc, PrivateData: r.PrivateData, PeerIRD: r.PeerIRD, PeerORD: r.PeerORD}
+	if rev == 2 && r.Enhanced {
+		// Never let the peer read more than it can take: our ORD is clamped
+		// to its IRD; our IRD is what we can serve (the peer lowers its ORD).
+		ord = min(ord, r.PeerIRD)
+		e := &mpa.IRDORD{IRD: uint16(ird), ORD: uint16(ord)}
+		if r.p2p {
+			e.P2P = true
+			switch {
+			case r.offer.RTRWrite:
+				e.RTRWrite, s.RTR = true, RTRWrite
+			case r.offer.RTRRead:
+				e.RTRRead, s.RTR = true, RTRRead
+			case r.offer.RTRSend:
+				e.RTRSend, s.RTR = true, RTRSend
+			}
+		}
+		rep.Enhanced = e
+		s.Enhanced = true
+	}
+	b, err := rep.Append(nil)
+	if err != nil {
+		return fail(fmt.Errorf("%w: %v", ErrMPA, err))
+	}
+	if large {
+		s.MULPDU = min(r.peerMax, maxULPDU)
+	} else {
+		s.MULPDU = standardMULPDU(nc)
+	}
+	// Attach before the Reply goes out, so no FPDU the Initiator sends right
+	// after it is missed: the receiver is reading when the Reply leaves.
+	if err := qp.Attach(s); err != nil {
+		return fail(err)
+	}
+	nc.SetWriteDeadline(r.l.dev.deadline(ctx))
+	if _, err := nc.Write(b); err != nil {
+		nc.SetWriteDeadline(time.Time{})
+		qp.Modify(StateError, ModifyAttrs{})
+		return nil, fmt.Errorf("rnic: accept from %s: sending MPA Reply: %w", r.RemoteAddr, err)
+	}
+	nc.SetWriteDeadline(time.Time{})
+	return &ConnInfo{PrivateData: r.PrivateData, Rev: rev, CRC: crc, RTR: s.RTR, PeerIRD: r.PeerIRD,
+		PeerORD: r.PeerORD, MULPDU: s.MULPDU, LargeFPDU: large}, nil
+}

@@ -1,0 +1,438 @@
+package rnic
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/rnic-dev/rnic/rnic/mpa"
+	"github.com/rnic-dev/rnic/rnic/rdmap"
+	"github.com/rnic-dev/rnic/rnic/term"
+)
+
+// RTRType is the RFC 6581 ready-to-receive message type negotiated for a
+// stream: the MPA Initiator sends it as its first FPDU and the Responder
+// sends nothing before it arrives.
+type RTRType uint8
+
+const (
+	RTRNone  RTRType = iota // MPA revision 1, or no RTR negotiated
+	RTRWrite                // zero-length RDMA Write
+	RTRRead                 // zero-length RDMA Read
+	RTRSend                 // zero-length Send
+)
+
+func (r RTRType) String() string { return [...]string{"none", "write", "read", "send"}[r] }
+
+// Stream is an established TCP connection in RDMA mode, with what MPA
+// negotiated. The connection manager builds it; Attach moves a QP to RTS on
+// it. After the MPA frames, only FPDUs may cross the connection.
+type Stream struct {
+	Conn net.Conn
+	// Initiator: this side sent the MPA Request.
+	Initiator bool
+	Rev       int
+	CRC       bool
+	// RxMarkers: the peer inserts MPA markers in what it sends to us.
+	RxMarkers bool
+	// MULPDU is the largest ULPDU this side sends.
+	MULPDU int
+	// RTR: as Initiator, the RTR to send first; as Responder, the RTR to
+	// expect (and absorb) first. RTRNone with a Responder still waits for
+	// the Initiator's first FPDU before sending (RFC 5044 §7.1).
+	RTR RTRType
+	// Enhanced: the peer advertised PeerIRD and PeerORD (RFC 6581); the
+	// QP's ORD is then clamped to PeerIRD.
+	Enhanced         bool
+	PeerIRD, PeerORD int
+	// PrivateData is the peer's ULP private data.
+	PrivateData []byte
+}
+
+// StreamInfo describes an attached stream.
+type StreamInfo struct {
+	Local, Remote    string
+	Initiator        bool
+	Rev              int
+	CRC              bool
+	RxMarkers        bool
+	MULPDU           int
+	RTR              RTRType
+	PeerIRD, PeerORD int
+}
+
+type txMode int32
+
+const (
+	txRun       txMode = iota
+	txGraceful         // send FIN and stop (Closing)
+	txTerminate        // send the pending Terminate, FIN, stop
+	txSilent           // a Terminate was received: send nothing more, FIN, stop
+	txAbort            // stop now
+)
+
+// conn is a QP's attached stream: the engine state of one connection.
+type conn struct {
+	qp   *QP
+	dev  *Device
+	nc   net.Conn
+	info StreamInfo
+	log  *slog.Logger
+	rd   *mpa.Reader
+
+	doorbell chan struct{}
+	gate     chan struct{}
+	gateOnce sync.Once
+	stop     chan struct{}
+	stopOnce sync.Once
+	txDone   chan struct{}
+	rxDone   chan struct{}
+	mode     atomic.Int32
+
+	// failed and termOut are set once, by the first error (under qp.mu).
+	failed  bool
+	termOut *rdmap.TerminateFields
+	aborted atomic.Bool
+	abortEv atomic.Uint32 // event to raise when an abort ends the stream
+
+	// The responder queue (IRRQ): Read Responses and Atomic Responses to
+	// send, in request order.
+	respMu  sync.Mutex
+	resp    []respJob
+	irdUsed int
+
+	tx txState
+	rx rxState
+}
+
+// Attach moves an Idle QP to RTS on an established stream (Modify QP
+// Idle->RTS with an LLP stream handle, draft §6.2.1.2). Work requests posted
+// in Idle start at once. The QP owns the connection from now on.
+func (qp *QP) Attach(s Stream) error {
+	if s.Conn == nil {
+		return fmt.Errorf("rnic: attach QP %d: %w: no connection", qp.id, ErrInvalidStream)
+	}
+	qp.mu.Lock()
+	if qp.destroyed {
+		qp.mu.Unlock()
+		return fmt.Errorf("rnic: attach: %w", ErrInvalidQP)
+	}
+	if qp.state != StateIdle || qp.conn != nil {
+		st := qp.state
+		qp.mu.Unlock()
+		return fmt.Errorf("rnic: attach QP %d in %s: %w", qp.id, st, ErrInvalidStateChange)
+	}
+	if s.Enhanced && qp.ord > s.PeerIRD {
+		qp.ord = s.PeerIRD // never exceed what the peer can take
+		qp.ordA.Store(int32(qp.ord))
+	}
+	c := newConn(qp, s)
+	qp.conn = c
+	qp.term = nil
+	qp.setStateLocked(StateRTS)
+	qp.mu.Unlock()
+	go c.rxMain()
+	go c.txMain()
+	return nil
+}
+
+func newConn(qp *QP, s Stream) *conn {
+	mulpdu := s.MULPDU
+	if mulpdu <= 0 || mulpdu > maxULPDU {
+		mulpdu = maxULPDU
+	}
+	if mulpdu < minMULPDU {
+		mulpdu = minMULPDU
+	}
+	c := &conn{
+		qp: qp, dev: qp.dev, nc: s.Conn,
+		info: StreamInfo{Local: addrString(s.Conn.LocalAddr()), Remote: addrString(s.Conn.RemoteAddr()),
+			Initiator: s.Initiator, Rev: s.Rev, CRC: s.CRC, RxMarkers: s.RxMarkers, MULPDU: mulpdu, RTR: s.RTR,
+			PeerIRD: s.PeerIRD, PeerORD: s.PeerORD},
+		doorbell: make(chan struct{}, 1),
+		gate:     make(chan struct{}),
+		stop:     make(chan struct{}),
+		txDone:   make(chan struct{}),
+		rxDone:   make(chan struct{}),
+		resp:     make([]respJob, 0, max(qp.ird, 1)),
+	}
+	c.log = qp.dev.log.With("qp", qp.id, "peer", c.info.Remote)
+	c.rd = mpa.NewReader(s.Conn, mpa.ReaderConfig{CRC: s.CRC, Markers: s.RxMarkers, MaxULPDU: maxULPDU, BufSize: rxBufSize})
+	if s.Initiator {
+		c.openGate()
+	}
+	c.tx.init(c)
+	c.rx.init(c)
+	return c
+}
+
+const (
+	maxULPDU  = 65535 - 8 // leave room for pad so a whole FPDU fits the 16-bit length rules
+	minMULPDU = 128
+	rxBufSize = 256 << 10
+)
+
+func addrString(a net.Addr) string {
+	if a == nil {
+		return ""
+	}
+	return a.String()
+}
+
+// kick wakes the transmitter.
+func (c *conn) kick() {
+	select {
+	case c.doorbell <- struct{}{}:
+	default:
+	}
+}
+
+func (c *conn) openGate() { c.gateOnce.Do(func() { close(c.gate) }) }
+
+func (c *conn) setMode(m txMode) {
+	for {
+		old := txMode(c.mode.Load())
+		if old >= m {
+			return
+		}
+		if c.mode.CompareAndSwap(int32(old), int32(m)) {
+			c.kick()
+			return
+		}
+	}
+}
+
+// fail records the first error of the stream: the QP moves to Terminate and
+// the transmitter sends f as a Terminate at the next segment boundary, then
+// closes. ev (if non-zero) is raised as an affiliated asynchronous event;
+// errors already reported in a completion pass 0.
+func (c *conn) fail(f rdmap.TerminateFields, ev EventType, detail error) {
+	qp := c.qp
+	qp.mu.Lock()
+	if c.failed {
+		qp.mu.Unlock()
+		return
+	}
+	c.failed = true
+	c.termOut = &f
+	info := &TerminateInfo{Local: true, Fields: f}
+	qp.term = info
+	if qp.state == StateRTS || qp.state == StateClosing {
+		qp.setStateLocked(StateTerminate)
+	}
+	qp.mu.Unlock()
+	c.log.Info("terminating stream", "cause", f.Cause.String(), "detail", errString(detail))
+	c.setMode(txTerminate)
+	if ev != 0 {
+		c.dev.raise(AsyncEvent{Type: ev, Resource: ResourceQP, QP: qp, QPID: qp.id, Terminate: info, Err: detail})
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// terminateLocal is Modify QP RTS->Terminate: a Terminate with RDMAP Local
+// Catastrophic Error and no headers (draft Fig. 12).
+func (c *conn) terminateLocal() {
+	c.fail(rdmap.TerminateFields{Cause: term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}}, 0, nil)
+}
+
+// closeGracefully is Modify QP RTS->Closing (draft T6).
+func (c *conn) closeGracefully() {
+	qp := c.qp
+	qp.mu.Lock()
+	if qp.state != StateRTS {
+		qp.mu.Unlock()
+		return
+	}
+	qp.setStateLocked(StateClosing)
+	qp.mu.Unlock()
+	qp.flushRQ()
+	if !qp.sq.empty() || c.respPending() {
+		// WQEs still there: Closing -> Error with Bad Close (draft T17).
+		c.log.Info("close with work outstanding: resetting", "event", EventBadClose)
+		c.abortWith(EventBadClose)
+		return
+	}
+	c.nc.SetReadDeadline(time.Now().Add(c.dev.cfg.CloseTimeout))
+	c.setMode(txGraceful)
+}
+
+// abort resets the connection and waits until the QP is in Error with its
+// work flushed (Modify QP ->Error, Destroy QP, device close).
+func (c *conn) abort(wait bool) {
+	c.abortWith(0)
+	if wait {
+		<-c.rxDone
+	}
+}
+
+func (c *conn) abortWith(ev EventType) {
+	if !c.aborted.CompareAndSwap(false, true) {
+		return
+	}
+	c.abortEv.Store(uint32(ev))
+	c.setMode(txAbort)
+	c.stopOnce.Do(func() { close(c.stop) })
+	c.openGate()
+	reset(c.nc)
+}
+
+// reset closes a connection abortively (TCP RST).
+func reset(nc net.Conn) {
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	nc.Close()
+}
+
+// respPending reports whether Read or Atomic Responses are still queued.
+func (c *conn) respPending() bool {
+	c.respMu.Lock()
+	defer c.respMu.Unlock()
+	return len(c.resp) > 0
+}
+
+// rxEnd is why the receive loop stopped.
+type rxEnd uint8
+
+const (
+	endEOF      rxEnd = iota // clean EOF at an FPDU boundary (peer FIN)
+	endProtocol              // we are terminating (our Terminate is queued)
+	endTermRecv              // the peer's Terminate arrived
+	endReset                 // connection reset
+	endLost                  // other read failure (timeout, truncated FPDU)
+	endAbort                 // we reset it ourselves
+)
+
+// rxMain runs the receive side, then ends the stream.
+func (c *conn) rxMain() {
+	defer close(c.rxDone)
+	end, err := c.rx.run()
+	c.endOfStream(end, err)
+}
+
+// classifyReadErr maps a read failure to an rxEnd.
+func (c *conn) classifyReadErr(err error, atBoundary bool) rxEnd {
+	if c.aborted.Load() {
+		return endAbort
+	}
+	if errors.Is(err, io.EOF) && atBoundary {
+		return endEOF
+	}
+	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		return endReset
+	}
+	return endLost
+}
+
+// drain reads and discards until EOF or the close timeout, so the peer's
+// Terminate or FIN can arrive and our FIN is answered. It reports whether
+// the close completed cleanly.
+func (c *conn) drain() bool {
+	c.nc.SetReadDeadline(time.Now().Add(c.dev.cfg.CloseTimeout))
+	_, err := io.Copy(io.Discard, c.nc)
+	return err == nil
+}
+
+// endOfStream finishes a stream once the receive loop has stopped: it lets
+// the transmitter finish (Terminate, FIN), closes the connection and moves
+// the QP to Idle or Error, flushing and raising events per draft §6.2.
+func (c *conn) endOfStream(end rxEnd, rerr error) {
+	qp := c.qp
+	qp.mu.Lock()
+	st := qp.state
+	qp.mu.Unlock()
+	var ev EventType
+	final := StateError
+	switch end {
+	case endAbort:
+		<-c.txDone
+		ev = EventType(c.abortEv.Load())
+	case endProtocol:
+		<-c.txDone
+		if !c.drain() {
+			c.log.Debug("peer did not close after our Terminate")
+		}
+	case endTermRecv:
+		c.setMode(txSilent)
+		<-c.txDone
+		c.drain()
+	case endEOF:
+		switch {
+		case st == StateRTS && qp.sq.empty() && !c.respPending() && !c.rx.midMessage():
+			qp.mu.Lock()
+			qp.setStateLocked(StateClosing)
+			qp.mu.Unlock()
+			qp.flushRQ()
+			c.setMode(txGraceful)
+			<-c.txDone
+			final, ev = StateIdle, EventLLPCloseComplete
+		case st == StateRTS:
+			c.fail(rdmap.TerminateFields{Cause: term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation,
+				Code: term.OpCatastrophicStream}}, EventBadLLPClose, errors.New("peer closed with work outstanding"))
+			<-c.txDone
+		case st == StateClosing:
+			<-c.txDone
+			if qp.sq.empty() {
+				final, ev = StateIdle, EventLLPCloseComplete
+			} else {
+				ev = EventBadClose
+			}
+		default: // Terminate: our Terminate went out and the peer closed.
+			<-c.txDone
+		}
+	case endReset, endLost:
+		c.setMode(txAbort)
+		c.stopOnce.Do(func() { close(c.stop) })
+		reset(c.nc)
+		<-c.txDone
+		switch {
+		case st == StateClosing && errors.Is(rerr, os.ErrDeadlineExceeded):
+			ev = EventBadClose
+		case st == StateClosing || st == StateTerminate:
+			ev = EventBadClose
+		case end == endReset:
+			ev = EventLLPConnectionReset
+		default:
+			ev = EventLLPConnectionLost
+		}
+		if rerr != nil {
+			c.log.Info("stream lost", "err", rerr)
+		}
+	}
+	c.nc.Close()
+	c.rx.release()
+	c.detach(final)
+	if ev != 0 {
+		qp.mu.Lock()
+		ti := qp.term
+		qp.mu.Unlock()
+		c.dev.raise(AsyncEvent{Type: ev, Resource: ResourceQP, QP: qp, QPID: qp.id, Terminate: ti, Err: rerr})
+	}
+}
+
+// detach completes the move to the final state: every outstanding WQE is
+// flushed before Error becomes visible.
+func (c *conn) detach(final QPState) {
+	qp := c.qp
+	if final == StateError {
+		c.rx.flushInProgress()
+		qp.flush()
+	}
+	qp.mu.Lock()
+	qp.conn = nil
+	qp.setStateLocked(final)
+	qp.mu.Unlock()
+}

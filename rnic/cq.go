@@ -1,0 +1,234 @@
+package rnic
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// CQ is a completion queue (draft §5.3): a power-of-two ring of work
+// completions with free-running head and tail counters.
+type CQ struct {
+	dev *Device
+
+	mu         sync.Mutex
+	ring       []WC
+	mask       uint32
+	head, tail uint32 // poll at head, add at tail; tail-head = entries queued
+	size       int    // entries the consumer asked for (<= len(ring))
+	armed      notifyKind
+	handler    HandlerID
+	users      int
+	overflowed bool
+	dead       bool
+	ch         chan struct{}
+}
+
+type notifyKind uint8
+
+const (
+	notifyNone notifyKind = iota
+	notifySolicited
+	notifyNext
+)
+
+func ceilPow2(n int) int {
+	p := 1
+	for p < n {
+		p <<= 1
+	}
+	return p
+}
+
+// CreateCQ creates a completion queue with room for at least entries
+// completions. handler (0 for none) is called when an armed notification
+// fires.
+func (d *Device) CreateCQ(entries int, handler HandlerID) (*CQ, error) {
+	if entries <= 0 {
+		return nil, fmt.Errorf("rnic: create CQ: %w: %d entries", ErrInvalidModifier, entries)
+	}
+	if entries > d.cfg.MaxCQE {
+		return nil, fmt.Errorf("rnic: create CQ: %w: %d > %d", ErrCQExceedsCapability, entries, d.cfg.MaxCQE)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	if handler != 0 {
+		if _, ok := d.handlers[handler]; !ok {
+			return nil, fmt.Errorf("rnic: create CQ: %w", ErrInvalidHandler)
+		}
+	}
+	if len(d.cqs) >= d.cfg.MaxCQ {
+		return nil, fmt.Errorf("rnic: create CQ: %w", ErrInsufficientResources)
+	}
+	n := ceilPow2(entries)
+	cq := &CQ{dev: d, ring: make([]WC, n), mask: uint32(n - 1), size: n, handler: handler, ch: make(chan struct{}, 1)}
+	d.cqs[cq] = struct{}{}
+	return cq, nil
+}
+
+// Query returns the number of entries and the completion handler.
+func (cq *CQ) Query() (entries int, handler HandlerID) {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	return cq.size, cq.handler
+}
+
+// Len is the number of completions waiting to be polled.
+func (cq *CQ) Len() int {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	return int(cq.tail - cq.head)
+}
+
+// Poll moves up to len(wcs) completions into wcs and returns how many.
+func (cq *CQ) Poll(wcs []WC) int {
+	cq.mu.Lock()
+	n := 0
+	for n < len(wcs) && cq.head != cq.tail {
+		wcs[n] = cq.ring[cq.head&cq.mask]
+		cq.head++
+		n++
+	}
+	cq.mu.Unlock()
+	return n
+}
+
+// RequestNotify arms the CQ once: the next completion added (or, with
+// solicitedOnly, the next solicited or failed one) calls the handler and
+// signals C(). Completions already queued do not fire it.
+func (cq *CQ) RequestNotify(solicitedOnly bool) error {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	if cq.dead {
+		return fmt.Errorf("rnic: request notification: %w", ErrInvalidCQ)
+	}
+	k := notifyNext
+	if solicitedOnly {
+		k = notifySolicited
+	}
+	if k > cq.armed {
+		cq.armed = k
+	}
+	return nil
+}
+
+// C is signalled (capacity one, never blocks the engine) each time an armed
+// notification fires.
+func (cq *CQ) C() <-chan struct{} { return cq.ch }
+
+// Wait polls completions into wcs, blocking until at least one is there or
+// ctx ends. It uses the arm-then-poll sequence, so no completion is missed.
+func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
+	for {
+		if n := cq.Poll(wcs); n > 0 {
+			return n, nil
+		}
+		if err := cq.RequestNotify(false); err != nil {
+			return 0, err
+		}
+		if n := cq.Poll(wcs); n > 0 {
+			return n, nil
+		}
+		select {
+		case <-cq.ch:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// Resize changes the capacity to at least entries, keeping every queued
+// completion; shrinking below the number queued fails with ErrCQShrink.
+func (cq *CQ) Resize(entries int) (int, error) {
+	if entries <= 0 || entries > cq.dev.cfg.MaxCQE {
+		return 0, fmt.Errorf("rnic: resize CQ: %w: %d entries", ErrCQExceedsCapability, entries)
+	}
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	if cq.dead {
+		return 0, fmt.Errorf("rnic: resize CQ: %w", ErrInvalidCQ)
+	}
+	q := int(cq.tail - cq.head)
+	if entries < q {
+		return 0, fmt.Errorf("rnic: resize CQ to %d with %d queued: %w", entries, q, ErrCQShrink)
+	}
+	n := ceilPow2(entries)
+	ring := make([]WC, n)
+	for i := 0; i < q; i++ {
+		ring[i] = cq.ring[(cq.head+uint32(i))&cq.mask]
+	}
+	cq.ring, cq.mask, cq.head, cq.tail, cq.size = ring, uint32(n-1), 0, uint32(q), n
+	cq.overflowed = false
+	return n, nil
+}
+
+// Destroy frees the CQ; it fails with ErrCQInUse while a work queue uses it.
+func (cq *CQ) Destroy() error {
+	d := cq.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	if cq.dead {
+		return fmt.Errorf("rnic: destroy CQ: %w", ErrInvalidCQ)
+	}
+	if cq.users > 0 {
+		return fmt.Errorf("rnic: destroy CQ: %w (%d work queues)", ErrCQInUse, cq.users)
+	}
+	cq.dead = true
+	delete(d.cqs, cq)
+	return nil
+}
+
+func (cq *CQ) use(delta int) error {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	if cq.dead {
+		return ErrInvalidCQ
+	}
+	cq.users += delta
+	return nil
+}
+
+// push adds a completion. It reports false on overflow: the completion is not
+// stored (nothing is ever overwritten) and a CQ Overflow event is raised once.
+func (cq *CQ) push(wc WC) bool {
+	cq.mu.Lock()
+	if cq.dead {
+		cq.mu.Unlock()
+		return true
+	}
+	if int(cq.tail-cq.head) >= len(cq.ring) {
+		first := !cq.overflowed
+		cq.overflowed = true
+		cq.mu.Unlock()
+		if first {
+			cq.dev.raise(AsyncEvent{Type: EventCQOverflow, Resource: ResourceCQ, CQ: cq})
+		}
+		return false
+	}
+	cq.ring[cq.tail&cq.mask] = wc
+	cq.tail++
+	fire := cq.armed == notifyNext || (cq.armed == notifySolicited && (wc.Solicited || wc.Status != StatusSuccess))
+	var h HandlerID
+	if fire {
+		cq.armed = notifyNone
+		h = cq.handler
+	}
+	cq.mu.Unlock()
+	if fire {
+		select {
+		case cq.ch <- struct{}{}:
+		default:
+		}
+		if h != 0 {
+			if fn := cq.dev.handler(h); fn != nil {
+				cq.dev.disp.post(func() { fn(cq) })
+			}
+		}
+	}
+	return true
+}

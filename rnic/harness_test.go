@@ -1,0 +1,242 @@
+package rnic
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// side is one end of a test connection: a device, a PD, CQs, a QP, and the
+// asynchronous events it saw.
+type side struct {
+	t    testing.TB
+	dev  *Device
+	pd   *PD
+	scq  *CQ
+	rcq  *CQ
+	qp   *QP
+	info *ConnInfo
+
+	evMu   sync.Mutex
+	events []AsyncEvent
+	evCh   chan AsyncEvent
+}
+
+type pairOpts struct {
+	rev         int
+	noCRC       bool // both sides
+	qp          QPConfig
+	large       bool
+	srq         bool
+	cfg         Config
+	acceptNoCRC bool
+}
+
+func testLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+func newSide(t testing.TB, name string, o pairOpts) *side {
+	t.Helper()
+	s := &side{t: t, evCh: make(chan AsyncEvent, 64)}
+	cfg := o.cfg
+	cfg.Name = name
+	cfg.Logger = testLogger()
+	cfg.CloseTimeout = 2 * time.Second
+	cfg.AsyncHandler = func(ev AsyncEvent) {
+		s.evMu.Lock()
+		s.events = append(s.events, ev)
+		s.evMu.Unlock()
+		select {
+		case s.evCh <- ev:
+		default:
+		}
+	}
+	d, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	s.dev = d
+	if s.pd, err = d.AllocPD(); err != nil {
+		t.Fatal(err)
+	}
+	if s.scq, err = d.CreateCQ(1024, 0); err != nil {
+		t.Fatal(err)
+	}
+	if s.rcq, err = d.CreateCQ(1024, 0); err != nil {
+		t.Fatal(err)
+	}
+	qc := o.qp
+	qc.SendCQ, qc.RecvCQ = s.scq, s.rcq
+	if qc.IRD == 0 {
+		qc.IRD = 8
+	}
+	if qc.ORD == 0 {
+		qc.ORD = 8
+	}
+	if !o.qp.InboundRead && !o.qp.InboundWrite && !o.qp.InboundAtomic && !o.qp.BindMW && !o.qp.Privileged {
+		qc.InboundRead, qc.InboundWrite, qc.InboundAtomic, qc.BindMW, qc.Privileged = true, true, true, true, true
+	}
+	if o.srq {
+		srq, err := d.CreateSRQ(s.pd, 256, 4, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		qc.SRQ = srq
+	}
+	if s.qp, err = s.pd.CreateQP(qc); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// newPair connects an Initiator "a" to a Responder "b" over loopback TCP.
+// prepare runs on each side before the connection exists (post receives).
+func newPair(t testing.TB, o pairOpts, prepare func(a, b *side)) (a, b *side) {
+	t.Helper()
+	a = newSide(t, "a", o)
+	b = newSide(t, "b", o)
+	if prepare != nil {
+		prepare(a, b)
+	}
+	l, err := b.dev.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	type res struct {
+		info *ConnInfo
+		err  error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		req, err := l.Accept(ctx)
+		if err != nil {
+			ch <- res{err: err}
+			return
+		}
+		info, err := req.Accept(ctx, b.qp, AcceptParams{PrivateData: []byte("resp"), NoCRC: o.noCRC || o.acceptNoCRC, LargeFPDU: o.large})
+		ch <- res{info, err}
+	}()
+	a.info, err = a.dev.Connect(ctx, a.qp, l.Addr().String(), ConnParams{PrivateData: []byte("init"), Rev: o.rev,
+		NoCRC: o.noCRC, LargeFPDU: o.large})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	r := <-ch
+	if r.err != nil {
+		t.Fatalf("accept: %v", r.err)
+	}
+	b.info = r.info
+	return a, b
+}
+
+// reg registers a fresh n-byte buffer with the given rights.
+func (s *side) reg(n int, acc Access) (*MR, []byte) {
+	s.t.Helper()
+	buf := make([]byte, n)
+	mr, err := s.pd.RegisterBytes(buf, acc)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return mr, buf
+}
+
+// wait polls one completion from cq (failing the test after 10 s).
+func (s *side) wait(cq *CQ) WC {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wc [1]WC
+	if _, err := cq.Wait(ctx, wc[:]); err != nil {
+		s.t.Fatalf("%s: waiting for a completion: %v", s.dev.Name(), err)
+	}
+	return wc[0]
+}
+
+// waitOK polls one completion and requires success and the given op.
+func (s *side) waitOK(cq *CQ, op WROp) WC {
+	s.t.Helper()
+	wc := s.wait(cq)
+	if wc.Status != StatusSuccess || wc.Op != op {
+		s.t.Fatalf("%s: completion %+v, want %s success", s.dev.Name(), wc, op)
+	}
+	return wc
+}
+
+// waitEvent waits for an asynchronous event of type typ.
+func (s *side) waitEvent(typ EventType) AsyncEvent {
+	s.t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		s.evMu.Lock()
+		for _, ev := range s.events {
+			if ev.Type == typ {
+				s.evMu.Unlock()
+				return ev
+			}
+		}
+		s.evMu.Unlock()
+		select {
+		case <-s.evCh:
+		case <-deadline:
+			s.t.Fatalf("%s: no %s event (saw %v)", s.dev.Name(), typ, s.eventTypes())
+		}
+	}
+}
+
+func (s *side) eventTypes() []EventType {
+	s.evMu.Lock()
+	defer s.evMu.Unlock()
+	var ts []EventType
+	for _, ev := range s.events {
+		ts = append(ts, ev.Type)
+	}
+	return ts
+}
+
+func (s *side) waitState(st QPState) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.qp.WaitState(ctx, st); err != nil {
+		s.t.Fatalf("%s: %v", s.dev.Name(), err)
+	}
+}
+
+func (s *side) postRecv(id uint64, mr *MR, n uint32) {
+	s.t.Helper()
+	if _, err := s.qp.PostRecv(RecvWR{ID: id, SGL: []SGE{{STag: mr.STag(), TO: 0, Len: n}}}); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+func (s *side) post(wr SendWR) {
+	s.t.Helper()
+	if _, err := s.qp.PostSend(wr); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// drainCQ returns every completion queued right now.
+func drainCQ(cq *CQ) []WC {
+	var out []WC
+	var buf [64]WC
+	for {
+		n := cq.Poll(buf[:])
+		if n == 0 {
+			return out
+		}
+		out = append(out, buf[:n]...)
+	}
+}
+
+func isClosed(err error) bool { return errors.Is(err, net.ErrClosed) }

@@ -1,0 +1,105 @@
+package rnic
+
+import (
+	"fmt"
+	"math"
+)
+
+// PostSend queues work requests on the send queue and returns how many were
+// queued: they enter in order, and the first that fails stops the list
+// (draft §8.1.1). It never waits for processing. In Idle the WRs wait for
+// RTS; in Closing, Terminate and Error posting fails with ErrInvalidQPState.
+func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
+	qp.mu.Lock()
+	st, destroyed, c := qp.state, qp.destroyed, qp.conn
+	qp.mu.Unlock()
+	if destroyed {
+		return 0, fmt.Errorf("rnic: post send: %w", ErrInvalidQP)
+	}
+	if st != StateIdle && st != StateRTS {
+		return 0, fmt.Errorf("rnic: post send on QP %d in %s: %w", qp.id, st, ErrInvalidQPState)
+	}
+	n, err := qp.sq.post(wrs, qp.checkSendWR)
+	if n > 0 && c != nil {
+		c.kick()
+	}
+	return n, err
+}
+
+// checkSendWR validates a WR's shape (immediate errors only; access checks
+// happen when the WR is processed and fail as completions).
+func (qp *QP) checkSendWR(wr *SendWR) error {
+	bad := func(err error, f string, a ...any) error {
+		return fmt.Errorf("rnic: post send %d (%s): %w: %s", wr.ID, wr.Op, err, fmt.Sprintf(f, a...))
+	}
+	switch wr.Op {
+	case WRSend, WRSendSE, WRSendInv, WRSendSEInv, WRImmediate, WRImmediateSE:
+		if len(wr.SGL) > qp.cfg.MaxSendSGE {
+			return bad(ErrInvalidSGLLength, "%d SGEs, at most %d", len(wr.SGL), qp.cfg.MaxSendSGE)
+		}
+	case WRWrite, WRWriteImm:
+		if len(wr.SGL) > qp.cfg.MaxWriteSGE {
+			return bad(ErrInvalidSGLLength, "%d SGEs, at most %d", len(wr.SGL), qp.cfg.MaxWriteSGE)
+		}
+	case WRRead, WRReadInv:
+		if len(wr.SGL) != 0 {
+			return bad(ErrInvalidSGLFormat, "an RDMA Read names its sink in Local, not SGL")
+		}
+	case WRFetchAdd, WRCmpSwap:
+		if wr.Local.Len != 8 {
+			return bad(ErrInvalidSGLFormat, "an atomic's result buffer is 8 bytes, not %d", wr.Local.Len)
+		}
+	case WRBindMW:
+		if wr.Bind == nil {
+			return bad(ErrInvalidModifier, "missing Bind")
+		}
+	case WRFastReg:
+		if wr.FastReg == nil {
+			return bad(ErrInvalidModifier, "missing FastReg")
+		}
+	case WRInvalidate:
+	default:
+		return bad(ErrInvalidOp, "op %d", wr.Op)
+	}
+	if wr.Op == WRImmediate || wr.Op == WRImmediateSE {
+		if len(wr.SGL) != 0 {
+			return bad(ErrInvalidSGLFormat, "Immediate Data carries no SGL")
+		}
+	}
+	var total uint64
+	for _, s := range wr.SGL {
+		total += uint64(s.Len)
+	}
+	if total > math.MaxUint32 {
+		return bad(ErrInvalidSGLLength, "message of %d bytes", total)
+	}
+	return nil
+}
+
+// PostRecv queues receive work requests (QPs without an S-RQ).
+func (qp *QP) PostRecv(wrs ...RecvWR) (int, error) {
+	if qp.rq == nil {
+		return 0, fmt.Errorf("rnic: post receive on QP %d: %w", qp.id, ErrRQHasSRQ)
+	}
+	qp.mu.Lock()
+	st, destroyed := qp.state, qp.destroyed
+	qp.mu.Unlock()
+	if destroyed {
+		return 0, fmt.Errorf("rnic: post receive: %w", ErrInvalidQP)
+	}
+	if st != StateIdle && st != StateRTS {
+		return 0, fmt.Errorf("rnic: post receive on QP %d in %s: %w", qp.id, st, ErrInvalidQPState)
+	}
+	return qp.rq.post(wrs, func(wr *RecvWR) error { return checkRecvSGL(qp.dev, qp.pd, wr) })
+}
+
+func checkRecvSGL(_ *Device, _ *PD, wr *RecvWR) error {
+	var total uint64
+	for _, s := range wr.SGL {
+		total += uint64(s.Len)
+	}
+	if total > math.MaxUint32 {
+		return fmt.Errorf("rnic: post receive %d: %w: %d bytes", wr.ID, ErrInvalidSGLLength, total)
+	}
+	return nil
+}

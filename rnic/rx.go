@@ -1,0 +1,793 @@
+package rnic
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/rnic-dev/rnic/rnic/ddp"
+	"github.com/rnic-dev/rnic/rnic/rdmap"
+	"github.com/rnic-dev/rnic/rnic/term"
+)
+
+// The receiver: one goroutine per stream owns the socket's read side. For
+// each FPDU it reads the DDP and RDMAP headers, runs the checks in the order
+// of RFC 5040 §7.2 and draft C14, and places the payload straight from the
+// read buffer into the target memory with the CRC computed in the same pass
+// (crc32c.UpdateCopy inside mpa.Reader.ReadFull). Nothing is placed before
+// every check of the segment passed, and a segment's effects beyond
+// placement (completions, queued responses, invalidations) happen only after
+// its CRC verified. A CRC failure therefore leaves at most the bytes of one
+// segment in a buffer the peer was allowed to write, the operation never
+// completes, and the stream is terminated (LLP/MPA/0x02).
+
+type rxState struct {
+	c  *conn
+	qp *QP
+	q  *ddp.RxQueues
+
+	hdr  [ddp.UntaggedHeaderLen + rdmap.AtomicRequestLen]byte
+	body [rdmap.TerminateMaxLen]byte
+	hl   int // header bytes in hdr of the current segment
+
+	// The receive WQE consumed by the Send (or Immediate Data) in progress.
+	recv       recvWQE
+	recvActive bool
+	recvTotal  uint64
+
+	act      rxAction
+	sawFirst bool
+}
+
+// rxAction is a segment's deferred effect, applied once its CRC verified.
+type rxAction struct {
+	kind      actKind
+	untagged  bool
+	h         ddp.Untagged
+	payload   int
+	bytes     uint32 // receive completion length
+	solicited bool
+	inv       STag
+	hasInv    bool
+	imm       uint64
+	hasImm    bool
+	job       respJob
+	term      rdmap.TerminateFields
+	orig      uint64
+}
+
+type actKind uint8
+
+const (
+	actNone actKind = iota
+	actRecvDone
+	actReadData // Read Response bytes (maybe last)
+	actReadLast
+	actPushResp
+	actAtomicResp
+	actTermRecv
+	actRTR
+)
+
+// protoErr is a check failure of an inbound segment.
+type protoErr struct {
+	f   rdmap.TerminateFields
+	ev  EventType
+	err error
+	// wc, when set, completes the receive WQE in progress with this status
+	// (a local error tied to it: no asynchronous event).
+	wc Status
+}
+
+func (e *protoErr) Error() string { return e.err.Error() }
+
+func (r *rxState) init(c *conn) {
+	r.c = c
+	r.qp = c.qp
+	r.q = ddp.NewRxQueues(4)
+	r.recv.sgl = make([]SGE, 0, max(c.qp.cfg.MaxRecvSGE, 4))
+}
+
+// perr builds a protoErr for cause, echoing the first echo bytes of hdr as
+// the offending segment's headers (RFC 5040 Figure 10 decides which parts).
+func (r *rxState) perr(cause term.Cause, ev EventType, echo int, ulpduLen int, format string, args ...any) *protoErr {
+	var off []byte
+	if echo > 0 {
+		off = r.hdr[:echo]
+	}
+	return &protoErr{f: rdmap.TerminateFor(cause, off, ulpduLen), ev: ev,
+		err: fmt.Errorf("%s: %s", cause, fmt.Sprintf(format, args...))}
+}
+
+// fromTerm converts a decoder's *term.Error.
+func (r *rxState) fromTerm(te *term.Error, ev EventType, echo, ulpduLen int) *protoErr {
+	p := r.perr(te.Cause, ev, echo, ulpduLen, "%s", te.Detail)
+	return p
+}
+
+// midMessage reports a partly received message (an unclean close).
+func (r *rxState) midMessage() bool {
+	if r.recvActive {
+		return true
+	}
+	q := r.qp.sq
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.ord) > 0 && q.ord[0].got > 0
+}
+
+// flushInProgress completes the receive WQE in progress with Flushed.
+func (r *rxState) flushInProgress() {
+	if !r.recvActive {
+		return
+	}
+	r.recvActive = false
+	r.qp.cfg.RecvCQ.push(WC{ID: r.recv.id, Op: WRRecv, Status: StatusFlushed, QPID: r.qp.id})
+	if r.qp.rq != nil {
+		r.qp.rq.done()
+	}
+}
+
+func (r *rxState) release() {}
+
+// run is the receive loop.
+func (r *rxState) run() (rxEnd, error) {
+	c := r.c
+	rd := c.rd
+	for {
+		n, err := rd.Next()
+		if err != nil {
+			var te *term.Error
+			if errors.As(err, &te) {
+				c.fail(rdmap.TerminateFor(te.Cause, nil, 0), EventLLPBadFPDU, err)
+				return endProtocol, err
+			}
+			return c.classifyReadErr(err, true), err
+		}
+		switch r.qp.loadState() {
+		case StateTerminate:
+			return endProtocol, nil
+		case StateClosing:
+			return endLost, errors.New("segment received while closing")
+		case StateError, StateIdle:
+			return endAbort, nil
+		}
+		r.act = rxAction{}
+		perr := r.segment(n)
+		if perr != nil {
+			var pe *protoErr
+			if !errors.As(perr, &pe) {
+				return c.classifyReadErr(perr, false), perr // I/O error mid-FPDU
+			}
+		}
+		if ferr := rd.Finish(); ferr != nil {
+			var te *term.Error
+			if errors.As(ferr, &te) {
+				ev := EventLLPInvalidCRC
+				if te.Cause.Code != term.MPACRC {
+					ev = EventLLPBadFPDU
+				}
+				c.fail(rdmap.TerminateFor(te.Cause, nil, 0), ev, ferr)
+				return endProtocol, ferr
+			}
+			return c.classifyReadErr(ferr, false), ferr
+		}
+		if perr != nil {
+			pe := perr.(*protoErr)
+			if pe.wc != StatusSuccess && r.recvActive {
+				r.completeRecv(pe.wc, 0)
+			}
+			c.fail(pe.f, pe.ev, pe.err)
+			return endProtocol, pe
+		}
+		if !r.sawFirst {
+			r.sawFirst = true
+			c.openGate()
+		}
+		if end, done := r.apply(); done {
+			return end, nil
+		}
+	}
+}
+
+// segment reads one FPDU's headers, checks them and places its payload.
+func (r *rxState) segment(n int) error {
+	rd := r.c.rd
+	if err := rd.ReadFull(r.hdr[:ddp.TaggedHeaderLen]); err != nil {
+		return err
+	}
+	r.hl = ddp.TaggedHeaderLen
+	b0 := r.hdr[0]
+	tagged := ddp.IsTagged(b0)
+	if !tagged {
+		if n < ddp.UntaggedHeaderLen {
+			return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPLocalCatastrophic}, EventLLPSegmentSize, 0, n,
+				"untagged segment of %d bytes", n)
+		}
+		if err := rd.ReadFull(r.hdr[ddp.TaggedHeaderLen:ddp.UntaggedHeaderLen]); err != nil {
+			return err
+		}
+		r.hl = ddp.UntaggedHeaderLen
+	}
+	if tagged {
+		if _, err := ddp.ParseTagged(r.hdr[:r.hl]); err != nil {
+			return r.decodeErr(err, EventInvalidDDPVersion, 0, n)
+		}
+	} else if _, err := ddp.ParseUntagged(r.hdr[:r.hl]); err != nil {
+		return r.decodeErr(err, EventInvalidDDPVersion, 0, n)
+	}
+	op, err := rdmap.ParseCtrl(r.hdr[1])
+	if err != nil {
+		ev := EventUnexpectedOpcode
+		var te *term.Error
+		if errors.As(err, &te) && te.Cause.Code == term.OpInvalidVersion {
+			ev = EventInvalidRDMAVersion
+		}
+		return r.decodeErr(err, ev, r.hl, n)
+	}
+	var qn uint32
+	if !tagged {
+		qn = ddp.Untagged(r.hdr[:r.hl]).QN()
+	}
+	if err := rdmap.CheckPlacement(op, tagged, qn, true); err != nil {
+		return r.decodeErr(err, EventUnexpectedOpcode, r.hl, n)
+	}
+	payload := n - r.hl
+	if tagged {
+		return r.tagged(op, ddp.Tagged(r.hdr[:r.hl]), payload, n)
+	}
+	h := ddp.Untagged(r.hdr[:r.hl])
+	if qn != rdmap.QNTerminate {
+		if err := r.q.Check(h, payload); err != nil {
+			ev := EventRQInvalidMSN
+			switch {
+			case qn > 3:
+				ev = EventInvalidQN
+			case qn == rdmap.QNReadRequest:
+				ev = EventIRRQInvalidMSN
+			}
+			return r.decodeErr(err, ev, r.hl, n)
+		}
+	}
+	r.act.untagged = true
+	r.act.h = h
+	r.act.payload = payload
+	switch qn {
+	case rdmap.QNSend:
+		return r.send(op, h, payload, n)
+	case rdmap.QNReadRequest:
+		return r.request(op, h, payload, n)
+	case rdmap.QNTerminate:
+		return r.terminate(payload)
+	default:
+		return r.atomicResponse(h, payload, n)
+	}
+}
+
+func (r *rxState) decodeErr(err error, ev EventType, echo, n int) error {
+	var te *term.Error
+	if errors.As(err, &te) {
+		return r.fromTerm(te, ev, echo, n)
+	}
+	return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnspecified}, ev, echo, n, "%v", err)
+}
+
+// place reads n payload bytes into mp at off.
+func (r *rxState) place(mp *mapping, off, n uint64) error {
+	rd := r.c.rd
+	for n > 0 {
+		sp := mp.span(off, n)
+		if err := rd.ReadFull(sp); err != nil {
+			return err
+		}
+		off += uint64(len(sp))
+		n -= uint64(len(sp))
+	}
+	return nil
+}
+
+// tagged handles RDMA Write and RDMA Read Response segments.
+func (r *rxState) tagged(op rdmap.Opcode, h ddp.Tagged, payload, n int) error {
+	qp := r.qp
+	stag := STag(h.STag())
+	to := h.TO()
+	if op == rdmap.OpReadResponse {
+		q := qp.sq
+		q.mu.Lock()
+		var head ordEntry
+		ok := len(q.ord) > 0 && !q.ord[0].atomic
+		if ok {
+			head = q.ord[0]
+		}
+		q.mu.Unlock()
+		if !ok {
+			return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnexpectedOpcode},
+				EventUnexpectedResponse, r.hl, n, "RDMA Read Response with no Read outstanding")
+		}
+		if payload > 0 {
+			if stag != head.sink {
+				return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPTagged, Code: term.TaggedInvalidSTag},
+					EventInvalidSTag, r.hl, n, "Read Response to STag %s, the Read named %s", stag, head.sink)
+			}
+			if to != head.sinkTO+head.got || head.got+uint64(payload) > uint64(head.size) {
+				return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPTagged, Code: term.TaggedBaseBounds},
+					EventBaseBounds, r.hl, n, "Read Response TO 0x%x len %d outside the Read's sink", to, payload)
+			}
+		}
+		r.act.kind = actReadData
+		r.act.payload = payload
+		if h.Last() {
+			r.act.kind = actReadLast
+		}
+	}
+	if payload == 0 {
+		return nil // zero-length: no STag validation (RFC 5040 §5.1, §5.2)
+	}
+	if !qp.cfg.InboundWrite {
+		return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPTagged, Code: term.TaggedInvalidSTag},
+			EventWriteNotEnabled, r.hl, n, "inbound RDMA Write and Read Response are not enabled on this QP")
+	}
+	e := r.c.dev.stags.lookup(stag)
+	if e == nil {
+		return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPTagged, Code: term.TaggedInvalidSTag},
+			EventInvalidSTag, r.hl, n, "unknown STag %s", stag)
+	}
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	mp, off, f := e.remoteAccess(qp, stag, to, uint64(payload), RemoteWrite)
+	if f != faultNone {
+		code, ev := term.TaggedInvalidSTag, EventInvalidSTag
+		switch f {
+		case faultPD:
+			code, ev = term.TaggedNotAssociated, EventInvalidPD
+		case faultRights:
+			ev = EventAccessRights
+		case faultBounds:
+			code, ev = term.TaggedBaseBounds, EventBaseBounds
+		case faultWrap:
+			code, ev = term.TaggedTOWrap, EventWrap
+		}
+		return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPTagged, Code: code}, ev, r.hl, n,
+			"%s at STag %s TO 0x%x length %d", f, stag, to, payload)
+	}
+	return r.place(mp, off, uint64(payload))
+}
+
+// send handles Send-type and Immediate Data segments (QN 0).
+func (r *rxState) send(op rdmap.Opcode, h ddp.Untagged, payload, n int) error {
+	if !r.sawFirst && r.c.info.RTR == RTRSend && !r.c.info.Initiator && payload == 0 && h.Last() &&
+		(op == rdmap.OpSend) {
+		r.act.kind = actRTR // the RFC 6581 zero-length Send RTR consumes no receive
+		return nil
+	}
+	if h.MO() == 0 {
+		if !r.take() {
+			return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedNoBuffer},
+				EventRQInvalidMSN, r.hl, n, "%s with no receive posted (MSN %d)", op, h.MSN())
+		}
+	} else if !r.recvActive {
+		return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedInvalidMO},
+			EventRQInvalidMSN, r.hl, n, "continuation with no message in progress")
+	}
+	if op == rdmap.OpImmediate || op == rdmap.OpImmediateSE {
+		if payload != rdmap.ImmediateLen || !h.Last() || h.MO() != 0 {
+			return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnspecified},
+				EventProtocolError, r.hl, n, "Immediate Data of %d bytes", payload)
+		}
+		var b [rdmap.ImmediateLen]byte
+		if err := r.c.rd.ReadFull(b[:]); err != nil {
+			return err
+		}
+		r.act.kind = actRecvDone
+		r.act.imm, r.act.hasImm = rdmap.Immediate(b[:]).Data(), true
+		r.act.solicited = op == rdmap.OpImmediateSE
+		return nil
+	}
+	mo := uint64(h.MO())
+	if mo+uint64(payload) > r.recvTotal {
+		return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedTooLong},
+			EventRQMessageTooLong, r.hl, n, "%d bytes at offset %d for a %d-byte receive", payload, mo, r.recvTotal)
+	}
+	if err := r.scatter(mo, uint64(payload), n); err != nil {
+		return err
+	}
+	if h.Last() {
+		r.act.kind = actRecvDone
+		r.act.bytes = uint32(mo + uint64(payload))
+		r.act.solicited = op.Solicited()
+		if op.HasInvalidate() {
+			r.act.inv, r.act.hasInv = STag(h.RsvdULP1()), true
+		}
+	}
+	return nil
+}
+
+// take consumes a receive WQE for a new message.
+func (r *rxState) take() bool {
+	qp := r.qp
+	var ok bool
+	if s := qp.cfg.SRQ; s != nil {
+		ok = s.take(&r.recv)
+		if ok {
+			qp.mu.Lock()
+			fire := qp.rqArmed && qp.rqLimit < 1
+			if fire {
+				qp.rqArmed = false
+			}
+			qp.mu.Unlock()
+			if fire {
+				qp.dev.raise(AsyncEvent{Type: EventQPRQLimitReached, Resource: ResourceQP, QP: qp, QPID: qp.id})
+			}
+		}
+	} else {
+		ok = qp.rq.take(&r.recv)
+	}
+	if !ok {
+		return false
+	}
+	r.recvActive = true
+	r.recvTotal = sglLen(r.recv.sgl)
+	return true
+}
+
+// scatter places n payload bytes at message offset mo into the receive
+// WQE's SGL, checking each buffer (draft C14.2; an S-RQ's buffers are
+// checked against the S-RQ's PD).
+func (r *rxState) scatter(mo, n uint64, ulpdu int) error {
+	pd := r.qp.pd
+	if s := r.qp.cfg.SRQ; s != nil {
+		pd = s.pd
+	}
+	off := mo
+	for _, s := range r.recv.sgl {
+		if n == 0 {
+			break
+		}
+		l := uint64(s.Len)
+		if off >= l {
+			off -= l
+			continue
+		}
+		take := min(l-off, n)
+		e := r.c.dev.stags.lookup(s.STag)
+		st := StatusInvalidSTag
+		if e != nil {
+			e.mu.RLock()
+			var mp *mapping
+			var moff uint64
+			mp, moff, st = e.localAccess(pd, s.STag, s.TO+off, take, LocalWrite)
+			if st == StatusSuccess {
+				err := r.place(mp, moff, take)
+				e.mu.RUnlock()
+				if err != nil {
+					return err
+				}
+			} else {
+				e.mu.RUnlock()
+			}
+		}
+		if st != StatusSuccess {
+			p := r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}, 0, 0, ulpdu,
+				"receive buffer STag %s: %s", s.STag, st)
+			p.wc = st
+			return p
+		}
+		n -= take
+		off = 0
+	}
+	return nil
+}
+
+// request handles Read Requests and Atomic Requests (QN 1).
+func (r *rxState) request(op rdmap.Opcode, h ddp.Untagged, payload, n int) error {
+	qp := r.qp
+	c := r.c
+	want := rdmap.ReadRequestLen
+	if op == rdmap.OpAtomicRequest {
+		want = rdmap.AtomicRequestLen
+	}
+	if !h.Last() || h.MO() != 0 {
+		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpCatastrophicStream},
+			EventNoLBit, r.hl, n, "%s split across segments", op)
+	}
+	if payload != want {
+		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnspecified},
+			EventInvalidReadRequest, r.hl, n, "%s of %d bytes", op, payload)
+	}
+	if err := c.rd.ReadFull(r.hdr[r.hl : r.hl+want]); err != nil {
+		return err
+	}
+	full := r.hl + want
+	qp.mu.Lock()
+	ird := qp.ird
+	qp.mu.Unlock()
+	c.respMu.Lock()
+	used := c.irdUsed
+	c.respMu.Unlock()
+	if used >= ird {
+		return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedNoBuffer},
+			EventIRRQTooMany, r.hl, n, "more than IRD=%d outstanding requests", ird)
+	}
+	job := &r.act.job
+	copy(job.hdr[:], r.hdr[:full])
+	if op == rdmap.OpReadRequest {
+		rr, err := rdmap.ParseReadRequest(r.hdr[r.hl:full])
+		if err != nil {
+			return r.decodeErr(err, EventInvalidReadRequest, full, n)
+		}
+		prot := func(code term.Code, ev EventType, f string, a ...any) error {
+			return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteProtection, Code: code}, ev, full, n, f, a...)
+		}
+		if !qp.cfg.InboundRead {
+			return prot(term.ProtAccessRights, EventReadNotEnabled, "inbound RDMA Read is not enabled on this QP")
+		}
+		src := STag(rr.SrcSTag())
+		if rr.Size() > 0 {
+			e := c.dev.stags.lookup(src)
+			if e == nil {
+				return prot(term.ProtInvalidSTag, EventIRRQInvalidSTag, "unknown source STag %s", src)
+			}
+			e.mu.RLock()
+			_, _, f := e.remoteAccess(qp, src, rr.SrcTO(), uint64(rr.Size()), RemoteRead)
+			e.mu.RUnlock()
+			if f != faultNone {
+				code, ev := readFault(f)
+				return prot(code, ev, "%s at source STag %s TO 0x%x length %d", f, src, rr.SrcTO(), rr.Size())
+			}
+		}
+		job.atomic = false
+		job.sinkSTag, job.sinkTO, job.size = rr.SinkSTag(), rr.SinkTO(), rr.Size()
+		job.srcSTag, job.srcTO = src, rr.SrcTO()
+		r.act.kind = actPushResp
+		return nil
+	}
+	ar, err := rdmap.ParseAtomicRequest(r.hdr[r.hl:full])
+	if err != nil {
+		return r.decodeErr(err, EventUnexpectedOpcode, r.hl, n)
+	}
+	if !qp.cfg.InboundAtomic {
+		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnexpectedOpcode},
+			EventUnexpectedOpcode, r.hl, n, "atomics are not enabled on this QP")
+	}
+	if ar.TO()%8 != 0 {
+		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpCatastrophicStream},
+			EventMisalignedAtomic, r.hl, n, "atomic target TO 0x%x is not 8-byte aligned", ar.TO())
+	}
+	stag := STag(ar.STag())
+	e := c.dev.stags.lookup(stag)
+	f := faultSTag
+	if e != nil {
+		e.mu.RLock()
+		var mp *mapping
+		var off uint64
+		mp, off, f = e.remoteAccess(qp, stag, ar.TO(), 8, RemoteAtomic)
+		if f == faultNone && mp.word(off) == nil {
+			f = faultAlignment
+		}
+		e.mu.RUnlock()
+	}
+	switch f {
+	case faultNone:
+	case faultAlignment:
+		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpCatastrophicStream},
+			EventMisalignedAtomic, r.hl, n, "atomic target at STag %s TO 0x%x is not 8-byte aligned in memory", stag, ar.TO())
+	default:
+		code, ev := readFault(f)
+		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteProtection, Code: code}, ev, r.hl, n,
+			"%s at atomic target STag %s TO 0x%x", f, stag, ar.TO())
+	}
+	job.atomic = true
+	job.req = rdmap.AtomicRequestFields{AOpcode: ar.AOpcode(), ReqID: ar.ReqID(), STag: ar.STag(), TO: ar.TO(),
+		AddSwap: ar.AddSwap(), AddSwapMask: ar.AddSwapMask(), Compare: ar.Compare(), CompareMask: ar.CompareMask()}
+	r.act.kind = actPushResp
+	return nil
+}
+
+// terminate reads a peer's Terminate (QN 2). It is never answered with a
+// Terminate, whatever it holds.
+func (r *rxState) terminate(payload int) error {
+	n := min(payload, len(r.body))
+	if err := r.c.rd.ReadFull(r.body[:n]); err != nil {
+		return err
+	}
+	f, err := rdmap.ParseTerminate(r.body[:n])
+	if err != nil {
+		r.c.log.Info("malformed Terminate received", "err", err)
+		if n >= 2 {
+			f = rdmap.TerminateFields{Cause: term.FromBytes(r.body[0], r.body[1])}
+		}
+	}
+	r.act.kind = actTermRecv
+	r.act.term = f
+	return nil
+}
+
+// atomicResponse handles Atomic Responses (QN 3).
+func (r *rxState) atomicResponse(h ddp.Untagged, payload, n int) error {
+	if payload != rdmap.AtomicResponseLen || !h.Last() || h.MO() != 0 {
+		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnspecified},
+			EventProtocolError, r.hl, n, "Atomic Response of %d bytes", payload)
+	}
+	var b [rdmap.AtomicResponseLen]byte
+	if err := r.c.rd.ReadFull(b[:]); err != nil {
+		return err
+	}
+	resp, err := rdmap.ParseAtomicResponse(b[:])
+	if err != nil {
+		return r.decodeErr(err, EventProtocolError, r.hl, n)
+	}
+	q := r.qp.sq
+	q.mu.Lock()
+	ok := len(q.ord) > 0 && q.ord[0].atomic && q.ord[0].reqID == resp.ReqID()
+	q.mu.Unlock()
+	if !ok {
+		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnexpectedOpcode},
+			EventUnexpectedResponse, r.hl, n, "Atomic Response %d matches no outstanding request", resp.ReqID())
+	}
+	r.act.kind = actAtomicResp
+	r.act.orig = resp.Original()
+	return nil
+}
+
+// completeRecv completes the receive WQE in progress.
+func (r *rxState) completeRecv(st Status, bytes uint32) bool {
+	qp := r.qp
+	a := &r.act
+	wc := WC{ID: r.recv.id, Op: WRRecv, Status: st, QPID: qp.id, Bytes: bytes}
+	if st == StatusSuccess {
+		wc.Solicited = a.solicited
+		wc.Invalidated, wc.HasInvalidated = a.inv, a.hasInv
+		wc.Imm, wc.HasImm = a.imm, a.hasImm
+	}
+	r.recvActive = false
+	ok := qp.cfg.RecvCQ.push(wc)
+	if qp.rq != nil {
+		qp.rq.done()
+	}
+	return ok
+}
+
+// apply performs a verified segment's deferred effects. It reports true when
+// the receive loop must stop.
+func (r *rxState) apply() (rxEnd, bool) {
+	c := r.c
+	qp := r.qp
+	a := &r.act
+	if a.untagged && a.h.QN() != rdmap.QNTerminate {
+		r.q.Advance(a.h, a.payload)
+	}
+	switch a.kind {
+	case actRecvDone:
+		if a.hasInv {
+			if f := c.dev.invalidate(qp, a.inv, true); f != invalidateOK {
+				st := f.status
+				if st != StatusInvalidSTag {
+					st = StatusInvalidateFailed
+				}
+				r.completeRecv(st, 0)
+				r.hl = ddp.UntaggedHeaderLen
+				copy(r.hdr[:], a.h)
+				tf := rdmap.TerminateFor(f.cause, r.hdr[:ddp.UntaggedHeaderLen], ddp.UntaggedHeaderLen+a.payload)
+				c.fail(tf, 0, fmt.Errorf("remote invalidate of %s: %s", a.inv, f.cause))
+				return endProtocol, true
+			}
+		}
+		if !r.completeRecv(StatusSuccess, a.bytes) {
+			c.tx.cqOverflow(EventCQRQError)
+			return endProtocol, true
+		}
+	case actReadData, actReadLast:
+		q := qp.sq
+		q.mu.Lock()
+		head := &q.ord[0]
+		head.got += uint64(a.payload)
+		if a.kind == actReadData {
+			q.mu.Unlock()
+			return 0, false
+		}
+		done := *head
+		q.ord = q.ord[1:]
+		ok := true
+		st := StatusSuccess
+		if done.got != uint64(done.size) {
+			q.mu.Unlock()
+			c.fail(rdmap.TerminateFields{Cause: term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation,
+				Code: term.OpUnspecified}}, EventProtocolError,
+				fmt.Errorf("RDMA Read Response of %d bytes for a %d-byte Read", done.got, done.size))
+			return endProtocol, true
+		}
+		if done.wqe {
+			e := q.at(done.idx)
+			if e.wr.Op == WRReadInv {
+				if f := c.dev.invalidate(qp, e.wr.Local.STag, false); f != invalidateOK {
+					st = f.status
+				}
+			}
+			ok = q.completeLocked(qp, done.idx, st)
+		}
+		q.mu.Unlock()
+		c.kick() // an ORD slot is free
+		if st != StatusSuccess {
+			c.fail(rdmap.TerminateFields{Cause: term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}}, 0, nil)
+			return endProtocol, true
+		}
+		if !ok {
+			c.tx.cqOverflow(EventCQSQError)
+			return endProtocol, true
+		}
+	case actAtomicResp:
+		q := qp.sq
+		q.mu.Lock()
+		done := q.ord[0]
+		q.ord = q.ord[1:]
+		e := q.at(done.idx)
+		st := r.writeResult(e.wr.Local, a.orig)
+		ok := q.completeLocked(qp, done.idx, st)
+		q.mu.Unlock()
+		c.kick()
+		if st != StatusSuccess {
+			c.fail(rdmap.TerminateFields{Cause: term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}}, 0, nil)
+			return endProtocol, true
+		}
+		if !ok {
+			c.tx.cqOverflow(EventCQSQError)
+			return endProtocol, true
+		}
+	case actPushResp:
+		c.respMu.Lock()
+		c.resp = append(c.resp, a.job)
+		c.irdUsed++
+		c.respMu.Unlock()
+		c.kick()
+	case actTermRecv:
+		r.terminateReceived(a.term)
+		return endTermRecv, true
+	}
+	return 0, false
+}
+
+// writeResult stores an atomic's original value (native byte order) in the
+// WR's local result buffer.
+func (r *rxState) writeResult(s SGE, v uint64) Status {
+	e := r.c.dev.stags.lookup(s.STag)
+	if e == nil {
+		return StatusInvalidSTag
+	}
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	mp, off, st := e.localAccess(r.qp.pd, s.STag, s.TO, 8, LocalWrite)
+	if st != StatusSuccess {
+		return st
+	}
+	var b [8]byte
+	binary.NativeEndian.PutUint64(b[:], v)
+	mp.copyIn(off, b[:])
+	return StatusSuccess
+}
+
+// terminateReceived moves the QP to Terminate on a peer's Terminate (draft
+// T11). The oldest outstanding Read or atomic is the operation the peer most
+// likely refused: it completes with Remote Termination Error, the rest are
+// flushed when the stream ends.
+func (r *rxState) terminateReceived(f rdmap.TerminateFields) {
+	qp := r.qp
+	c := r.c
+	info := &TerminateInfo{Local: false, Fields: f}
+	qp.mu.Lock()
+	qp.term = info
+	if qp.state == StateRTS || qp.state == StateClosing {
+		qp.setStateLocked(StateTerminate)
+	}
+	qp.mu.Unlock()
+	q := qp.sq
+	q.mu.Lock()
+	if len(q.ord) > 0 && q.ord[0].wqe {
+		idx := q.ord[0].idx
+		q.ord = q.ord[1:]
+		q.completeLocked(qp, idx, StatusRemoteTermination)
+	}
+	q.mu.Unlock()
+	c.log.Info("Terminate received", "cause", f.Cause.String())
+	c.dev.raise(AsyncEvent{Type: EventTerminateReceived, Resource: ResourceQP, QP: qp, QPID: qp.id, Terminate: info,
+		Err: fmt.Errorf("peer terminated the stream: %s", f.Cause)})
+}

@@ -1,0 +1,191 @@
+package rnic
+
+import (
+	"fmt"
+	"sync"
+)
+
+// The send queue: a power-of-two ring of WQEs with three free-running
+// cursors. head is the oldest WQE whose completion has not been emitted,
+// next is the next WQE the transmitter will start, tail is the next free
+// slot: head <= next <= tail. WQEs complete in any order internally (a Send
+// when handed to TCP, a Read when its response arrives) but their
+// completions leave in posting order (RFC 5040 §5.5 rule 15).
+
+type sqState uint8
+
+const (
+	sqPosted sqState = iota
+	sqStarted
+	sqDone
+)
+
+type sqEntry struct {
+	wr     SendWR
+	sgl    []SGE // owned copy of wr.SGL
+	state  sqState
+	status Status
+	// fr and bind are owned copies of the WR's pointers.
+	fr   FastReg
+	bind BindMW
+}
+
+type sendQueue struct {
+	mu               sync.Mutex
+	ring             []sqEntry
+	mask             uint32
+	head, next, tail uint32
+	depth            int
+	maxSGE           int
+	maxWriteSGE      int
+
+	// ord is the FIFO of outstanding RDMA Reads and atomics, in request
+	// order (their responses arrive in this order).
+	ord []ordEntry
+}
+
+// ordEntry is an outstanding RDMA Read or Atomic Request.
+type ordEntry struct {
+	idx    uint32 // SQ position; internal (RTR) entries have wqe=false
+	wqe    bool
+	atomic bool
+	reqID  uint32
+	sink   STag
+	sinkTO uint64
+	size   uint32
+	got    uint64 // Read Response bytes received
+}
+
+func newSendQueue(depth, maxSGE, maxWriteSGE int) *sendQueue {
+	n := ceilPow2(depth)
+	q := &sendQueue{ring: make([]sqEntry, n), mask: uint32(n - 1), depth: depth, maxSGE: maxSGE, maxWriteSGE: maxWriteSGE}
+	m := max(maxSGE, maxWriteSGE)
+	for i := range q.ring {
+		q.ring[i].sgl = make([]SGE, 0, m)
+	}
+	return q
+}
+
+func (q *sendQueue) at(i uint32) *sqEntry { return &q.ring[i&q.mask] }
+
+// post appends WRs after validating each with check. It returns how many
+// were queued.
+func (q *sendQueue) post(wrs []SendWR, check func(*SendWR) error) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for i := range wrs {
+		wr := &wrs[i]
+		if err := check(wr); err != nil {
+			return i, err
+		}
+		if int(q.tail-q.head) >= q.depth {
+			return i, fmt.Errorf("rnic: post send %d: %w", wr.ID, ErrTooManyWRs)
+		}
+		e := q.at(q.tail)
+		e.wr = *wr
+		e.sgl = append(e.sgl[:0], wr.SGL...)
+		e.wr.SGL = e.sgl
+		if wr.FastReg != nil {
+			e.fr = *wr.FastReg
+			e.wr.FastReg = &e.fr
+		}
+		if wr.Bind != nil {
+			e.bind = *wr.Bind
+			e.wr.Bind = &e.bind
+		}
+		e.state = sqPosted
+		e.status = StatusSuccess
+		q.tail++
+	}
+	return len(wrs), nil
+}
+
+// completeLocked marks the WQE at idx finished with st and emits every
+// completion now due, in order. It reports false if the CQ overflowed.
+// q.mu is held.
+func (q *sendQueue) completeLocked(qp *QP, idx uint32, st Status) bool {
+	e := q.at(idx)
+	e.state = sqDone
+	e.status = st
+	return q.emitLocked(qp)
+}
+
+func (q *sendQueue) emitLocked(qp *QP) bool {
+	ok := true
+	for q.head != q.next {
+		e := q.at(q.head)
+		if e.state != sqDone {
+			break
+		}
+		if !e.wr.Unsignaled || e.status != StatusSuccess {
+			wc := WC{ID: e.wr.ID, Op: e.wr.Op, Status: e.status, QPID: qp.id}
+			if !qp.cfg.SendCQ.push(wc) {
+				ok = false
+			}
+		}
+		e.wr = SendWR{}
+		q.head++
+	}
+	return ok
+}
+
+// flushLocked completes every WQE not yet completed with Flushed, in order.
+func (q *sendQueue) flushLocked(qp *QP) {
+	for i := q.head; i != q.tail; i++ {
+		e := q.at(i)
+		if e.state != sqDone {
+			e.state = sqDone
+			e.status = StatusFlushed
+		}
+	}
+	q.next = q.tail
+	q.ord = q.ord[:0]
+	q.emitLocked(qp)
+}
+
+// outstandingReads counts outstanding Read and Atomic requests.
+func (q *sendQueue) outstandingReads() int { return len(q.ord) }
+
+func (q *sendQueue) empty() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.head == q.tail
+}
+
+func (q *sendQueue) resize(depth int) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	cur := int(q.tail - q.head)
+	if depth < cur {
+		return fmt.Errorf("rnic: resize SQ to %d with %d outstanding: %w", depth, cur, ErrShrink)
+	}
+	n := ceilPow2(depth)
+	if n != len(q.ring) {
+		ring := make([]sqEntry, n)
+		for i := uint32(0); i < uint32(cur); i++ {
+			ring[i] = *q.at(q.head + i)
+			// Re-point the WR's internal pointers at the new slot.
+			ring[i].wr.SGL = ring[i].sgl
+			if ring[i].wr.FastReg != nil {
+				ring[i].wr.FastReg = &ring[i].fr
+			}
+			if ring[i].wr.Bind != nil {
+				ring[i].wr.Bind = &ring[i].bind
+			}
+		}
+		m := max(q.maxSGE, q.maxWriteSGE)
+		for i := cur; i < n; i++ {
+			ring[i].sgl = make([]SGE, 0, m)
+		}
+		off := q.head
+		for k := range q.ord {
+			q.ord[k].idx -= off
+		}
+		q.next -= off
+		q.tail -= off
+		q.head = 0
+		q.ring, q.mask = ring, uint32(n-1)
+	}
+	q.depth = depth
+	return nil
+}

@@ -1,0 +1,648 @@
+package rnic
+
+import (
+	"encoding/binary"
+	"net"
+	"sync/atomic"
+
+	"github.com/rnic-dev/rnic/rnic/crc32c"
+	"github.com/rnic-dev/rnic/rnic/ddp"
+	"github.com/rnic-dev/rnic/rnic/mpa"
+	"github.com/rnic-dev/rnic/rnic/rdmap"
+	"github.com/rnic-dev/rnic/rnic/term"
+)
+
+// The transmitter: one goroutine per stream owns the socket's write side.
+// It takes whole messages, in order, from the responder queue (Read and
+// Atomic Responses) and the send queue, alternating between the two, and
+// builds their FPDUs into one batch buffer: header, payload copied from the
+// memory region with the CRC computed in the same pass (crc32c.UpdateCopy),
+// pad and CRC. A batch goes to the socket in one write when it is full or
+// when there is nothing more to do; WQEs whose last byte is in it complete
+// after that write (RFC 5040 §5.5 rule 14).
+
+const (
+	batchFlush = 256 << 10               // write when the batch holds this much
+	batchCap   = batchFlush + 2*(64<<10) // room for one more maximal FPDU
+)
+
+type txState struct {
+	c       *conn
+	qp      *QP
+	batch   []byte
+	pending []uint32 // WQEs complete once the batch is written
+	msn     ddp.TxQueues
+	reqID   uint32
+	crc     bool
+	mulpdu  int
+	hdr     [ddp.UntaggedHeaderLen + rdmap.AtomicRequestLen]byte
+	scratch [rdmap.TerminateMaxLen]byte
+	// fpdu being built
+	start  int
+	crcAcc uint32
+	// preferResp alternates the two queues for fairness.
+	preferResp bool
+	writeErr   atomic.Pointer[error]
+}
+
+func (t *txState) init(c *conn) {
+	t.c = c
+	t.qp = c.qp
+	t.batch = make([]byte, 0, batchCap)
+	t.crc = c.info.CRC
+	t.mulpdu = c.info.MULPDU
+	t.msn = ddp.TxQueues{}
+}
+
+// txMain runs the transmit side.
+func (c *conn) txMain() {
+	defer close(c.txDone)
+	t := &c.tx
+	if !c.info.Initiator {
+		// A Responder sends nothing before the Initiator's first FPDU.
+	wait:
+		for {
+			select {
+			case <-c.gate:
+				break wait
+			case <-c.doorbell:
+				if txMode(c.mode.Load()) != txRun {
+					break wait
+				}
+			case <-c.stop:
+				return
+			}
+		}
+	} else if c.info.RTR != RTRNone && txMode(c.mode.Load()) == txRun {
+		t.sendRTR()
+	}
+	for {
+		switch txMode(c.mode.Load()) {
+		case txAbort:
+			return
+		case txTerminate:
+			t.flush()
+			t.sendTerminate()
+			t.flush()
+			closeWrite(c.nc)
+			return
+		case txSilent:
+			t.batch = t.batch[:0]
+			closeWrite(c.nc)
+			return
+		case txGraceful:
+			t.flush()
+			closeWrite(c.nc)
+			return
+		}
+		if t.step() {
+			if len(t.batch) >= batchFlush {
+				t.flush()
+			}
+			continue
+		}
+		if t.flush() {
+			continue // completions may have released a fence
+		}
+		select {
+		case <-c.doorbell:
+		case <-c.stop:
+			return
+		}
+	}
+}
+
+func closeWrite(nc net.Conn) {
+	if cw, ok := nc.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+}
+
+// step sends one message; it reports false when nothing could be sent.
+func (t *txState) step() bool {
+	t.preferResp = !t.preferResp
+	if t.preferResp {
+		return t.sendResponse() || t.sendWQE()
+	}
+	return t.sendWQE() || t.sendResponse()
+}
+
+// flush writes the batch and completes the WQEs it finished. It reports
+// whether any WQE completed.
+func (t *txState) flush() bool {
+	c := t.c
+	if len(t.batch) > 0 {
+		_, err := c.nc.Write(t.batch)
+		t.batch = t.batch[:0]
+		if err != nil {
+			t.writeErr.Store(&err)
+			c.log.Debug("write failed", "err", err)
+			t.pending = t.pending[:0]
+			c.setMode(txAbort)
+			reset(c.nc) // the receive loop sees the failure and ends the stream
+			return false
+		}
+	}
+	if len(t.pending) == 0 {
+		return false
+	}
+	q := t.qp.sq
+	ok := true
+	q.mu.Lock()
+	for _, idx := range t.pending {
+		if !q.completeLocked(t.qp, idx, StatusSuccess) {
+			ok = false
+		}
+	}
+	q.mu.Unlock()
+	t.pending = t.pending[:0]
+	if !ok {
+		t.cqOverflow(EventCQSQError)
+	}
+	return true
+}
+
+func (t *txState) cqOverflow(ev EventType) {
+	t.c.fail(rdmap.TerminateFields{Cause: term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation,
+		Code: term.OpCatastrophicStream}}, ev, nil)
+}
+
+// beginFPDU starts an FPDU whose ULPDU is hdr followed by n payload bytes.
+func (t *txState) beginFPDU(hdr []byte, n int) {
+	ulpdu := len(hdr) + n
+	need := mpa.FPDULen(ulpdu)
+	if cap(t.batch)-len(t.batch) < need {
+		t.flush()
+	}
+	t.start = len(t.batch)
+	t.batch = append(t.batch, byte(ulpdu>>8), byte(ulpdu))
+	t.batch = append(t.batch, hdr...)
+	if t.crc {
+		t.crcAcc = crc32c.Update(0, t.batch[t.start:])
+	}
+}
+
+// payload appends payload bytes to the FPDU being built.
+func (t *txState) payload(src []byte) {
+	n := len(t.batch)
+	t.batch = t.batch[:n+len(src)]
+	if t.crc {
+		t.crcAcc = crc32c.UpdateCopy(t.crcAcc, t.batch[n:], src)
+	} else {
+		copy(t.batch[n:], src)
+	}
+}
+
+// endFPDU appends the pad and the CRC.
+func (t *txState) endFPDU() {
+	ulpdu := len(t.batch) - t.start - mpa.HeaderLen
+	pad := mpa.PadLen(ulpdu)
+	n := len(t.batch)
+	t.batch = t.batch[:n+pad+mpa.CRCLen]
+	clear(t.batch[n : n+pad])
+	var crc uint32
+	if t.crc {
+		crc = crc32c.Update(t.crcAcc, t.batch[n:n+pad])
+	}
+	binary.LittleEndian.PutUint32(t.batch[n+pad:], crc)
+}
+
+// abandonFPDU drops a partly built FPDU.
+func (t *txState) abandonFPDU() { t.batch = t.batch[:t.start] }
+
+func (t *txState) untagged(op rdmap.Opcode, last bool, inv uint32, qn, msn, mo uint32) []byte {
+	h := ddp.Untagged(t.hdr[:ddp.UntaggedHeaderLen])
+	h.Encode(&ddp.UntaggedFields{Last: last, RsvdULP0: rdmap.Ctrl(op), RsvdULP1: inv, QN: qn, MSN: msn, MO: mo})
+	return t.hdr[:ddp.UntaggedHeaderLen]
+}
+
+func (t *txState) tagged(op rdmap.Opcode, last bool, stag uint32, to uint64) []byte {
+	h := ddp.Tagged(t.hdr[:ddp.TaggedHeaderLen])
+	h.Encode(&ddp.TaggedFields{Last: last, RsvdULP: rdmap.Ctrl(op), STag: stag, TO: to})
+	return t.hdr[:ddp.TaggedHeaderLen]
+}
+
+// running reports whether the stream may still send messages.
+func (t *txState) running() bool { return txMode(t.c.mode.Load()) == txRun }
+
+// sendRTR sends the RFC 6581 ready-to-receive message as the first FPDU.
+func (t *txState) sendRTR() {
+	switch t.c.info.RTR {
+	case RTRWrite:
+		t.beginFPDU(t.tagged(rdmap.OpWrite, true, 0, 0), 0)
+		t.endFPDU()
+	case RTRRead:
+		q := t.qp.sq
+		q.mu.Lock()
+		q.ord = append(q.ord, ordEntry{wqe: false})
+		q.mu.Unlock()
+		h := t.untagged(rdmap.OpReadRequest, true, 0, rdmap.QNReadRequest, t.msn.Next(rdmap.QNReadRequest), 0)
+		rr := rdmap.ReadRequest(t.hdr[ddp.UntaggedHeaderLen : ddp.UntaggedHeaderLen+rdmap.ReadRequestLen])
+		rr.Encode(&rdmap.ReadRequestFields{})
+		t.beginFPDU(t.hdr[:len(h)+rdmap.ReadRequestLen], 0)
+		t.endFPDU()
+	case RTRSend:
+		t.beginFPDU(t.untagged(rdmap.OpSend, true, 0, rdmap.QNSend, t.msn.Next(rdmap.QNSend), 0), 0)
+		t.endFPDU()
+	}
+	t.flush()
+}
+
+// sendTerminate appends the pending Terminate (QN 2).
+func (t *txState) sendTerminate() {
+	f := t.c.termOut
+	if f == nil {
+		return
+	}
+	body := rdmap.AppendTerminate(t.scratch[:0], f)
+	h := t.untagged(rdmap.OpTerminate, true, 0, rdmap.QNTerminate, t.msn.Next(rdmap.QNTerminate), 0)
+	t.beginFPDU(h, len(body))
+	t.payload(body)
+	t.endFPDU()
+}
+
+// localError completes WQE idx with st and terminates the stream with an
+// RDMAP Local Catastrophic Error (draft Fig. 23: 0x0000). The completion
+// reports it, so no asynchronous event is raised.
+func (t *txState) localError(idx uint32, st Status) {
+	q := t.qp.sq
+	q.mu.Lock()
+	q.completeLocked(t.qp, idx, st)
+	q.mu.Unlock()
+	t.c.fail(rdmap.TerminateFields{Cause: term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}}, 0, nil)
+}
+
+// sendWQE starts the next send queue WQE, if its fences and ORD allow.
+func (t *txState) sendWQE() bool {
+	qp := t.qp
+	q := qp.sq
+	q.mu.Lock()
+	if q.next == q.tail {
+		q.mu.Unlock()
+		return false
+	}
+	idx := q.next
+	e := q.at(idx)
+	wr := &e.wr
+	if wr.ReadFence && len(q.ord) > 0 {
+		q.mu.Unlock()
+		return false
+	}
+	if wr.LocalFence && (q.head != idx || len(t.pending) > 0) {
+		q.mu.Unlock()
+		return false
+	}
+	if wr.Op.isReadLike() {
+		ord := qp.currentORD()
+		if ord == 0 {
+			e.state = sqStarted
+			q.next++
+			q.mu.Unlock()
+			t.localError(idx, StatusZeroORD)
+			return true
+		}
+		if len(q.ord) >= ord {
+			q.mu.Unlock()
+			return false // stall until a response frees a slot
+		}
+	}
+	e.state = sqStarted
+	q.next++
+	q.mu.Unlock()
+	// The slot stays ours until its completion is emitted: head <= idx.
+	switch wr.Op {
+	case WRSend, WRSendSE, WRSendInv, WRSendSEInv:
+		t.sendSend(idx, wr)
+	case WRWrite, WRWriteImm:
+		t.sendWrite(idx, wr)
+	case WRImmediate, WRImmediateSE:
+		t.sendImmediate(idx, wr.Op == WRImmediateSE, wr.Imm)
+		t.pending = append(t.pending, idx)
+	case WRRead, WRReadInv:
+		t.sendRead(idx, wr)
+	case WRFetchAdd, WRCmpSwap:
+		t.sendAtomic(idx, wr)
+	case WRBindMW:
+		t.localOp(idx, t.c.dev.bindMW(qp, wr.Bind))
+	case WRFastReg:
+		t.localOp(idx, t.c.dev.fastRegister(qp, wr.FastReg))
+	case WRInvalidate:
+		t.localOp(idx, t.c.dev.invalidate(qp, wr.InvalidateSTag, false).status)
+	default:
+		t.localError(idx, StatusInvalidWQE)
+	}
+	return true
+}
+
+// localOp completes a memory operation WQE (no wire traffic).
+func (t *txState) localOp(idx uint32, st Status) {
+	if st != StatusSuccess {
+		t.localError(idx, st)
+		return
+	}
+	q := t.qp.sq
+	q.mu.Lock()
+	ok := q.completeLocked(t.qp, idx, StatusSuccess)
+	q.mu.Unlock()
+	if !ok {
+		t.cqOverflow(EventCQSQError)
+	}
+}
+
+func sglLen(sgl []SGE) uint64 {
+	var n uint64
+	for _, s := range sgl {
+		n += uint64(s.Len)
+	}
+	return n
+}
+
+// gather appends n bytes of the SGL starting at message offset off to the
+// FPDU being built, checking each local buffer (draft C14.2) under its
+// entry's read lock.
+func (t *txState) gather(sgl []SGE, off, n uint64) Status {
+	dev := t.c.dev
+	for _, s := range sgl {
+		if n == 0 {
+			break
+		}
+		l := uint64(s.Len)
+		if off >= l {
+			off -= l
+			continue
+		}
+		take := min(l-off, n)
+		e := dev.stags.lookup(s.STag)
+		if e == nil {
+			return StatusInvalidSTag
+		}
+		e.mu.RLock()
+		mp, moff, st := e.localAccess(t.qp.pd, s.STag, s.TO+off, take, LocalRead)
+		if st != StatusSuccess {
+			e.mu.RUnlock()
+			return st
+		}
+		for rem := take; rem > 0; {
+			sp := mp.span(moff, rem)
+			t.payload(sp)
+			moff += uint64(len(sp))
+			rem -= uint64(len(sp))
+		}
+		e.mu.RUnlock()
+		n -= take
+		off = 0
+	}
+	return StatusSuccess
+}
+
+func (t *txState) sendSend(idx uint32, wr *SendWR) {
+	var op rdmap.Opcode
+	var inv uint32
+	switch wr.Op {
+	case WRSend:
+		op = rdmap.OpSend
+	case WRSendSE:
+		op = rdmap.OpSendSE
+	case WRSendInv:
+		op, inv = rdmap.OpSendInv, uint32(wr.InvalidateSTag)
+	case WRSendSEInv:
+		op, inv = rdmap.OpSendSEInv, uint32(wr.InvalidateSTag)
+	}
+	total := sglLen(wr.SGL)
+	msn := t.msn.Next(rdmap.QNSend)
+	for off, n := range ddp.Segments(int(total), t.mulpdu-ddp.UntaggedHeaderLen) {
+		if !t.running() {
+			return
+		}
+		last := uint64(off+n) == total
+		t.beginFPDU(t.untagged(op, last, inv, rdmap.QNSend, msn, uint32(off)), n)
+		if st := t.gather(wr.SGL, uint64(off), uint64(n)); st != StatusSuccess {
+			t.abandonFPDU()
+			t.localError(idx, st)
+			return
+		}
+		t.endFPDU()
+		if len(t.batch) >= batchFlush {
+			t.flush()
+		}
+	}
+	t.pending = append(t.pending, idx)
+}
+
+func (t *txState) sendWrite(idx uint32, wr *SendWR) {
+	total := sglLen(wr.SGL)
+	for off, n := range ddp.Segments(int(total), t.mulpdu-ddp.TaggedHeaderLen) {
+		if !t.running() {
+			return
+		}
+		last := uint64(off+n) == total
+		t.beginFPDU(t.tagged(rdmap.OpWrite, last, uint32(wr.Remote.STag), wr.Remote.TO+uint64(off)), n)
+		if st := t.gather(wr.SGL, uint64(off), uint64(n)); st != StatusSuccess {
+			t.abandonFPDU()
+			t.localError(idx, st)
+			return
+		}
+		t.endFPDU()
+		if len(t.batch) >= batchFlush {
+			t.flush()
+		}
+	}
+	if wr.Op == WRWriteImm {
+		t.sendImmediate(idx, false, wr.Imm)
+	}
+	t.pending = append(t.pending, idx)
+}
+
+func (t *txState) sendImmediate(idx uint32, se bool, imm uint64) {
+	op := rdmap.OpImmediate
+	if se {
+		op = rdmap.OpImmediateSE
+	}
+	h := t.untagged(op, true, 0, rdmap.QNSend, t.msn.Next(rdmap.QNSend), 0)
+	var b [rdmap.ImmediateLen]byte
+	rdmap.Immediate(b[:]).SetData(imm)
+	t.beginFPDU(h, len(b))
+	t.payload(b[:])
+	t.endFPDU()
+}
+
+func (t *txState) sendRead(idx uint32, wr *SendWR) {
+	q := t.qp.sq
+	q.mu.Lock()
+	q.ord = append(q.ord, ordEntry{idx: idx, wqe: true, sink: wr.Local.STag, sinkTO: wr.Local.TO, size: wr.Local.Len})
+	q.mu.Unlock()
+	h := t.untagged(rdmap.OpReadRequest, true, 0, rdmap.QNReadRequest, t.msn.Next(rdmap.QNReadRequest), 0)
+	rr := rdmap.ReadRequest(t.hdr[len(h) : len(h)+rdmap.ReadRequestLen])
+	rr.Encode(&rdmap.ReadRequestFields{SinkSTag: uint32(wr.Local.STag), SinkTO: wr.Local.TO, Size: wr.Local.Len,
+		SrcSTag: uint32(wr.Remote.STag), SrcTO: wr.Remote.TO})
+	t.beginFPDU(t.hdr[:len(h)+rdmap.ReadRequestLen], 0)
+	t.endFPDU()
+}
+
+func (t *txState) sendAtomic(idx uint32, wr *SendWR) {
+	t.reqID++
+	q := t.qp.sq
+	q.mu.Lock()
+	q.ord = append(q.ord, ordEntry{idx: idx, wqe: true, atomic: true, reqID: t.reqID})
+	q.mu.Unlock()
+	h := t.untagged(rdmap.OpAtomicRequest, true, 0, rdmap.QNReadRequest, t.msn.Next(rdmap.QNReadRequest), 0)
+	f := rdmap.AtomicRequestFields{ReqID: t.reqID, STag: uint32(wr.Remote.STag), TO: wr.Remote.TO,
+		AddSwap: wr.AddSwap, AddSwapMask: wr.AddSwapMask}
+	if wr.Op == WRFetchAdd {
+		f.AOpcode = rdmap.AtomicFetchAdd
+		f.CompareMask = ^uint64(0) // RFC 7306: all ones on transmit for FetchAdd
+	} else {
+		f.AOpcode = rdmap.AtomicCmpSwap
+		f.Compare, f.CompareMask = wr.Compare, wr.CompareMask
+	}
+	ar := rdmap.AtomicRequest(t.hdr[len(h) : len(h)+rdmap.AtomicRequestLen])
+	ar.Encode(&f)
+	t.beginFPDU(t.hdr[:len(h)+rdmap.AtomicRequestLen], 0)
+	t.endFPDU()
+}
+
+// respJob is a queued inbound Read Request or Atomic Request.
+type respJob struct {
+	atomic bool
+	// The request's DDP and RDMAP headers, echoed if it fails later.
+	hdr [ddp.UntaggedHeaderLen + rdmap.AtomicRequestLen]byte
+	// Read Request
+	sinkSTag uint32
+	sinkTO   uint64
+	size     uint32
+	srcSTag  STag
+	srcTO    uint64
+	// Atomic Request
+	req rdmap.AtomicRequestFields
+}
+
+// sendResponse sends the oldest queued response.
+func (t *txState) sendResponse() bool {
+	c := t.c
+	c.respMu.Lock()
+	if len(c.resp) == 0 {
+		c.respMu.Unlock()
+		return false
+	}
+	job := c.resp[0]
+	c.respMu.Unlock()
+	if job.atomic {
+		t.sendAtomicResponse(&job)
+	} else {
+		t.sendReadResponse(&job)
+	}
+	c.respMu.Lock()
+	copy(c.resp, c.resp[1:])
+	c.resp = c.resp[:len(c.resp)-1]
+	c.irdUsed--
+	c.respMu.Unlock()
+	return true
+}
+
+// readFault maps a failed Read Request source access to its RDMAP Remote
+// Protection code and event (RFC 5040 §7.2, draft C13.5).
+func readFault(f accessFault) (term.Code, EventType) {
+	switch f {
+	case faultPD:
+		return term.ProtSTagNotAssociated, EventIRRQInvalidPD
+	case faultRights:
+		return term.ProtAccessRights, EventIRRQAccessRights
+	case faultBounds:
+		return term.ProtBaseBounds, EventIRRQBaseBounds
+	case faultWrap:
+		return term.ProtTOWrap, EventIRRQWrap
+	}
+	return term.ProtInvalidSTag, EventIRRQInvalidSTag
+}
+
+func (t *txState) sendReadResponse(job *respJob) {
+	if job.size == 0 {
+		t.beginFPDU(t.tagged(rdmap.OpReadResponse, true, job.sinkSTag, job.sinkTO), 0)
+		t.endFPDU()
+		return
+	}
+	dev := t.c.dev
+	for off, n := range ddp.Segments(int(job.size), t.mulpdu-ddp.TaggedHeaderLen) {
+		if !t.running() {
+			return
+		}
+		f := faultSTag
+		e := dev.stags.lookup(job.srcSTag)
+		if e != nil {
+			e.mu.RLock()
+			var mp *mapping
+			var moff uint64
+			mp, moff, f = e.remoteAccess(t.qp, job.srcSTag, job.srcTO+uint64(off), uint64(n), RemoteRead)
+			if f == faultNone {
+				last := off+n == int(job.size)
+				t.beginFPDU(t.tagged(rdmap.OpReadResponse, last, job.sinkSTag, job.sinkTO+uint64(off)), n)
+				for rem := uint64(n); rem > 0; {
+					sp := mp.span(moff, rem)
+					t.payload(sp)
+					moff += uint64(len(sp))
+					rem -= uint64(len(sp))
+				}
+				t.endFPDU()
+			}
+			e.mu.RUnlock()
+		}
+		if f != faultNone {
+			// The source went away mid-transfer: echo the request updated by
+			// what was already sent (RFC 5040 §4.8).
+			rr := rdmap.ReadRequest(job.hdr[ddp.UntaggedHeaderLen : ddp.UntaggedHeaderLen+rdmap.ReadRequestLen])
+			rr.SetSinkTO(job.sinkTO + uint64(off))
+			rr.SetSize(job.size - uint32(off))
+			rr.SetSrcTO(job.srcTO + uint64(off))
+			code, ev := readFault(f)
+			cause := term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteProtection, Code: code}
+			tf := rdmap.TerminateFor(cause, job.hdr[:ddp.UntaggedHeaderLen+rdmap.ReadRequestLen], ddp.UntaggedHeaderLen+rdmap.ReadRequestLen)
+			t.c.fail(tf, ev, nil)
+			return
+		}
+		if len(t.batch) >= batchFlush {
+			t.flush()
+		}
+	}
+}
+
+func (t *txState) sendAtomicResponse(job *respJob) {
+	dev := t.c.dev
+	r := &job.req
+	stag := STag(r.STag)
+	f := faultSTag
+	var orig uint64
+	if e := dev.stags.lookup(stag); e != nil {
+		e.mu.RLock()
+		var mp *mapping
+		var off uint64
+		mp, off, f = e.remoteAccess(t.qp, stag, r.TO, 8, RemoteAtomic)
+		if f == faultNone {
+			if w := mp.word(off); w == nil {
+				f = faultAlignment
+			} else {
+				orig = doAtomic(w, r)
+			}
+		}
+		e.mu.RUnlock()
+	}
+	if f != faultNone {
+		var cause term.Cause
+		ev := EventMisalignedAtomic
+		if f == faultAlignment {
+			cause = term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpCatastrophicStream}
+		} else {
+			var code term.Code
+			code, ev = readFault(f)
+			cause = term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteProtection, Code: code}
+		}
+		tf := rdmap.TerminateFor(cause, job.hdr[:ddp.UntaggedHeaderLen+rdmap.AtomicRequestLen], ddp.UntaggedHeaderLen+rdmap.AtomicRequestLen)
+		t.c.fail(tf, ev, nil)
+		return
+	}
+	h := t.untagged(rdmap.OpAtomicResponse, true, 0, rdmap.QNAtomicResponse, t.msn.Next(rdmap.QNAtomicResponse), 0)
+	var b [rdmap.AtomicResponseLen]byte
+	rdmap.AtomicResponse(b[:]).Encode(&rdmap.AtomicResponseFields{ReqID: r.ReqID, Original: orig})
+	t.beginFPDU(h, len(b))
+	t.payload(b[:])
+	t.endFPDU()
+}

@@ -108,8 +108,12 @@ type conn struct {
 	resp    []respJob
 	irdUsed int
 
-	tx txState
-	rx rxState
+	// txMu guards tx: the transmit goroutine holds it while sending, and
+	// pushInline takes it when free.
+	txMu sync.Mutex
+	raw  syscall.RawConn // nil when the connection offers none (no inline sends)
+	tx   txState
+	rx   rxState
 }
 
 // Attach moves an Idle QP to RTS on an established stream (Modify QP
@@ -164,6 +168,11 @@ func newConn(qp *QP, s Stream) *conn {
 		resp:     make([]respJob, 0, max(qp.ird, 1)),
 	}
 	c.log = qp.dev.log.With("qp", qp.id, "peer", c.info.Remote)
+	if sc, ok := s.Conn.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			c.raw = raw
+		}
+	}
 	c.rd = mpa.NewReader(s.Conn, mpa.ReaderConfig{CRC: s.CRC, Markers: s.RxMarkers, MaxULPDU: maxULPDU, BufSize: rxBufSize})
 	if s.Initiator {
 		c.openGate()

@@ -21,7 +21,7 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 	}
 	n, err := qp.sq.post(wrs, qp.checkSendWR)
 	if n > 0 && c != nil {
-		c.kick()
+		c.pushInline()
 	}
 	return n, err
 }

@@ -705,8 +705,11 @@ func (r *rxState) apply() (rxEnd, bool) {
 			}
 			ok = q.completeLocked(qp, done.idx, st)
 		}
+		waiting := q.next != q.tail
 		q.mu.Unlock()
-		c.kick() // an ORD slot is free
+		if waiting {
+			c.kick() // an ORD slot is free for a stalled WQE
+		}
 		if st != StatusSuccess {
 			c.fail(rdmap.TerminateFields{Cause: term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}}, 0, nil)
 			return endProtocol, true
@@ -723,8 +726,11 @@ func (r *rxState) apply() (rxEnd, bool) {
 		e := q.at(done.idx)
 		st := r.writeResult(e.wr.Local, a.orig)
 		ok := q.completeLocked(qp, done.idx, st)
+		waiting := q.next != q.tail
 		q.mu.Unlock()
-		c.kick()
+		if waiting {
+			c.kick()
+		}
 		if st != StatusSuccess {
 			c.fail(rdmap.TerminateFields{Cause: term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}}, 0, nil)
 			return endProtocol, true
@@ -738,7 +744,7 @@ func (r *rxState) apply() (rxEnd, bool) {
 		c.resp = append(c.resp, a.job)
 		c.irdUsed++
 		c.respMu.Unlock()
-		c.kick()
+		c.pushInline()
 	case actTermRecv:
 		r.terminateReceived(a.term)
 		return endTermRecv, true

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"net"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/rnic-dev/rnic/rnic/crc32c"
 	"github.com/rnic-dev/rnic/rnic/ddp"
@@ -43,6 +44,8 @@ type txState struct {
 	// preferResp alternates the two queues for fairness.
 	preferResp bool
 	writeErr   atomic.Pointer[error]
+	off        int  // batch bytes already written (a non-blocking write stopped there)
+	inline     bool // sending from pushInline: take only small messages, never block
 }
 
 func (t *txState) init(c *conn) {
@@ -74,26 +77,47 @@ func (c *conn) txMain() {
 			}
 		}
 	} else if c.info.RTR != RTRNone && txMode(c.mode.Load()) == txRun {
+		c.txMu.Lock()
 		t.sendRTR()
+		c.txMu.Unlock()
 	}
+	for {
+		c.txMu.Lock()
+		exit := t.run()
+		c.txMu.Unlock()
+		if exit {
+			return
+		}
+		select {
+		case <-c.doorbell:
+		case <-c.stop:
+			return
+		}
+	}
+}
+
+// run sends everything there is to send (c.txMu held). It reports true when
+// the transmitter must stop.
+func (t *txState) run() bool {
+	c := t.c
 	for {
 		switch txMode(c.mode.Load()) {
 		case txAbort:
-			return
+			return true
 		case txTerminate:
 			t.flush()
 			t.sendTerminate()
 			t.flush()
 			closeWrite(c.nc)
-			return
+			return true
 		case txSilent:
-			t.batch = t.batch[:0]
+			t.batch, t.off = t.batch[:0], 0
 			closeWrite(c.nc)
-			return
+			return true
 		case txGraceful:
 			t.flush()
 			closeWrite(c.nc)
-			return
+			return true
 		}
 		if t.step() {
 			if len(t.batch) >= batchFlush {
@@ -104,12 +128,61 @@ func (c *conn) txMain() {
 		if t.flush() {
 			continue // completions may have released a fence
 		}
-		select {
-		case <-c.doorbell:
-		case <-c.stop:
-			return
-		}
+		return false
 	}
+}
+
+// Inline transmission: a goroutine that has just queued work (PostSend, or
+// the receiver queuing a Read or Atomic Response) sends it itself when the
+// transmitter is idle, saving two goroutine hand-offs per message. It takes
+// only small messages and writes without blocking; whatever it cannot
+// finish, the transmit goroutine does.
+const (
+	inlineMsg   = 64 << 10  // largest message sent inline
+	inlineBatch = 128 << 10 // stop taking messages past this
+)
+
+func (c *conn) pushInline() {
+	if txMode(c.mode.Load()) != txRun || c.raw == nil || !c.gateOpen() || !c.txMu.TryLock() {
+		c.kick()
+		return
+	}
+	t := &c.tx
+	done := false
+	if t.off == 0 && len(t.batch) == 0 {
+		t.inline = true
+		for len(t.batch) < inlineBatch && txMode(c.mode.Load()) == txRun && t.step() {
+		}
+		t.inline = false
+		done = t.flushNonBlocking()
+	}
+	more := !done || t.hasWork()
+	c.txMu.Unlock()
+	if more {
+		c.kick()
+	}
+}
+
+func (c *conn) gateOpen() bool {
+	select {
+	case <-c.gate:
+		return true
+	default:
+		return false
+	}
+}
+
+// hasWork reports queued WQEs or responses (a hint: the transmit goroutine
+// rechecks under its lock).
+func (t *txState) hasWork() bool {
+	q := t.qp.sq
+	q.mu.Lock()
+	w := q.next != q.tail
+	q.mu.Unlock()
+	if w {
+		return true
+	}
+	return t.c.respPending()
 }
 
 func closeWrite(nc net.Conn) {
@@ -127,22 +200,63 @@ func (t *txState) step() bool {
 	return t.sendWQE() || t.sendResponse()
 }
 
-// flush writes the batch and completes the WQEs it finished. It reports
-// whether any WQE completed.
-func (t *txState) flush() bool {
+// writeFailed ends the stream after a failed write.
+func (t *txState) writeFailed(err error) {
 	c := t.c
-	if len(t.batch) > 0 {
-		_, err := c.nc.Write(t.batch)
-		t.batch = t.batch[:0]
+	t.writeErr.Store(&err)
+	c.log.Debug("write failed", "err", err)
+	t.batch, t.off = t.batch[:0], 0
+	t.pending = t.pending[:0]
+	c.setMode(txAbort)
+	reset(c.nc) // the receive loop sees the failure and ends the stream
+}
+
+// flush writes the batch (blocking) and completes the WQEs it finished. It
+// reports whether any WQE completed.
+func (t *txState) flush() bool {
+	if t.off < len(t.batch) {
+		_, err := t.c.nc.Write(t.batch[t.off:])
 		if err != nil {
-			t.writeErr.Store(&err)
-			c.log.Debug("write failed", "err", err)
-			t.pending = t.pending[:0]
-			c.setMode(txAbort)
-			reset(c.nc) // the receive loop sees the failure and ends the stream
+			t.writeFailed(err)
 			return false
 		}
 	}
+	t.batch, t.off = t.batch[:0], 0
+	return t.completePending()
+}
+
+// flushNonBlocking writes what the socket takes now. It reports whether the
+// whole batch went out (and completes its WQEs if so).
+func (t *txState) flushNonBlocking() bool {
+	for t.off < len(t.batch) {
+		var n int
+		var err error
+		werr := t.c.raw.Write(func(fd uintptr) bool {
+			n, err = syscall.Write(int(fd), t.batch[t.off:])
+			return true
+		})
+		if werr != nil {
+			t.writeFailed(werr)
+			return false
+		}
+		if err == syscall.EINTR {
+			continue
+		}
+		if err == syscall.EAGAIN {
+			return false
+		}
+		if err != nil {
+			t.writeFailed(err)
+			return false
+		}
+		t.off += n
+	}
+	t.batch, t.off = t.batch[:0], 0
+	t.completePending()
+	return true
+}
+
+func (t *txState) completePending() bool {
 	if len(t.pending) == 0 {
 		return false
 	}
@@ -172,7 +286,11 @@ func (t *txState) beginFPDU(hdr []byte, n int) {
 	ulpdu := len(hdr) + n
 	need := mpa.FPDULen(ulpdu)
 	if cap(t.batch)-len(t.batch) < need {
-		t.flush()
+		if t.inline {
+			t.batch = append(t.batch[:cap(t.batch)], make([]byte, need)...)[:len(t.batch)]
+		} else {
+			t.flush()
+		}
 	}
 	t.start = len(t.batch)
 	t.batch = append(t.batch, byte(ulpdu>>8), byte(ulpdu))
@@ -306,6 +424,11 @@ func (t *txState) sendWQE() bool {
 			return false // stall until a response frees a slot
 		}
 	}
+	if t.inline && (wr.Op == WRSend || wr.Op == WRSendSE || wr.Op == WRSendInv || wr.Op == WRSendSEInv ||
+		wr.Op == WRWrite || wr.Op == WRWriteImm) && sglLen(wr.SGL) > inlineMsg {
+		q.mu.Unlock()
+		return false // big: leave it to the transmit goroutine
+	}
 	e.state = sqStarted
 	q.next++
 	q.mu.Unlock()
@@ -422,7 +545,7 @@ func (t *txState) sendSend(idx uint32, wr *SendWR) {
 			return
 		}
 		t.endFPDU()
-		if len(t.batch) >= batchFlush {
+		if len(t.batch) >= batchFlush && !t.inline {
 			t.flush()
 		}
 	}
@@ -443,7 +566,7 @@ func (t *txState) sendWrite(idx uint32, wr *SendWR) {
 			return
 		}
 		t.endFPDU()
-		if len(t.batch) >= batchFlush {
+		if len(t.batch) >= batchFlush && !t.inline {
 			t.flush()
 		}
 	}
@@ -526,6 +649,9 @@ func (t *txState) sendResponse() bool {
 	}
 	job := c.resp[0]
 	c.respMu.Unlock()
+	if t.inline && !job.atomic && job.size > inlineMsg {
+		return false
+	}
 	if job.atomic {
 		t.sendAtomicResponse(&job)
 	} else {
@@ -599,7 +725,7 @@ func (t *txState) sendReadResponse(job *respJob) {
 			t.c.fail(tf, ev, nil)
 			return
 		}
-		if len(t.batch) >= batchFlush {
+		if len(t.batch) >= batchFlush && !t.inline {
 			t.flush()
 		}
 	}

@@ -230,7 +230,12 @@ func (r *rxState) segment(n int) error {
 		qn = ddp.Untagged(r.hdr[:r.hl]).QN()
 	}
 	if err := rdmap.CheckPlacement(op, tagged, qn, true); err != nil {
-		return r.decodeErr(err, EventUnexpectedOpcode, r.hl, n)
+		ev := EventUnexpectedOpcode
+		var te *term.Error
+		if errors.As(err, &te) && te.Cause.Layer == term.LayerDDP {
+			ev = EventInvalidQN // DDP checks its queue number before RDMAP sees the opcode
+		}
+		return r.decodeErr(err, ev, r.hl, n)
 	}
 	payload := n - r.hl
 	if tagged {

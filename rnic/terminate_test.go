@@ -1,0 +1,498 @@
+package rnic
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rnic-dev/rnic/rnic/ddp"
+	"github.com/rnic-dev/rnic/rnic/mpa"
+	"github.com/rnic-dev/rnic/rnic/rawpeer"
+	"github.com/rnic-dev/rnic/rnic/rdmap"
+	"github.com/rnic-dev/rnic/rnic/term"
+)
+
+// termTarget is an engine QP accepting one raw peer, with memory regions
+// of every kind a hostile peer may aim at. Every region is filled with a
+// sentinel so the test can prove nothing was placed.
+type termTarget struct {
+	*side
+	addr      string
+	w         *MR // remote write, zero-based
+	r         *MR // remote read
+	ro        *MR // local + remote read only
+	other     *MR // remote write+read, another PD
+	va        *MR // VA-based at 2^64-4096, remote read+write
+	atomic    *MR // remote atomic
+	shared    *MR // shared region (cannot be invalidated remotely)
+	recv      *MR
+	bufs      map[string][]byte
+	accepted  chan error
+	otherPD   *PD
+	listenerC func()
+}
+
+const sentinel = 0x5A
+
+func newTermTarget(t *testing.T, qc QPConfig, recvs int, recvLen uint32) *termTarget {
+	t.Helper()
+	o := pairOpts{qp: qc}
+	s := newSide(t, "target", o)
+	tt := &termTarget{side: s, bufs: map[string][]byte{}, accepted: make(chan error, 1)}
+	reg := func(name string, pd *PD, n int, m MROptions) *MR {
+		b := bytes.Repeat([]byte{sentinel}, n)
+		mr, err := pd.RegisterMR(Bytes(b), m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tt.bufs[name] = b
+		return mr
+	}
+	var err error
+	if tt.otherPD, err = s.dev.AllocPD(); err != nil {
+		t.Fatal(err)
+	}
+	tt.w = reg("w", s.pd, 4096, MROptions{Access: LocalRead | LocalWrite | RemoteWrite, ZeroBased: true})
+	tt.r = reg("r", s.pd, 16<<20, MROptions{Access: LocalRead | RemoteRead, ZeroBased: true})
+	tt.ro = reg("ro", s.pd, 4096, MROptions{Access: LocalRead | RemoteRead, ZeroBased: true})
+	tt.other = reg("other", tt.otherPD, 4096, MROptions{Access: LocalRead | LocalWrite | RemoteWrite | RemoteRead, ZeroBased: true})
+	tt.va = reg("va", s.pd, 4096, MROptions{Access: LocalRead | LocalWrite | RemoteWrite | RemoteRead, VA: math.MaxUint64 - 4095})
+	tt.atomic = reg("atomic", s.pd, 64, MROptions{Access: LocalRead | LocalWrite | RemoteAtomic, ZeroBased: true})
+	src := reg("sharedsrc", s.pd, 4096, MROptions{Access: LocalRead | LocalWrite | RemoteWrite, ZeroBased: true})
+	if tt.shared, err = src.RegisterShared(src.STag(), s.pd, MROptions{Access: LocalRead | LocalWrite | RemoteWrite, ZeroBased: true}); err != nil {
+		t.Fatal(err)
+	}
+	tt.recv = reg("recv", s.pd, int(recvLen)*max(recvs, 1), MROptions{Access: LocalWrite, ZeroBased: true})
+	for i := 0; i < recvs; i++ {
+		if _, err := s.qp.PostRecv(RecvWR{ID: uint64(i), SGL: []SGE{{STag: tt.recv.STag(), TO: uint64(i) * uint64(recvLen), Len: recvLen}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := s.dev.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	tt.addr = l.Addr().String()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		req, err := l.Accept(ctx)
+		if err != nil {
+			tt.accepted <- err
+			return
+		}
+		_, err = req.Accept(ctx, s.qp, AcceptParams{})
+		tt.accepted <- err
+	}()
+	return tt
+}
+
+func (tt *termTarget) dial(t *testing.T, o rawpeer.Options) *rawpeer.Peer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := rawpeer.Dial(ctx, tt.addr, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-tt.accepted; err != nil {
+		t.Fatalf("accept: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// untouched fails if any registered buffer no longer holds the sentinel.
+func (tt *termTarget) untouched(t *testing.T) {
+	t.Helper()
+	for name, b := range tt.bufs {
+		for i, v := range b {
+			if v != sentinel {
+				t.Fatalf("buffer %s changed at offset %d: %#x", name, i, v)
+			}
+		}
+	}
+}
+
+type termCase struct {
+	name  string
+	qp    QPConfig // zero: everything enabled
+	recvs int
+	// send sends the offending frames; it returns the ULPDU whose headers
+	// the Terminate must echo (nil: no echo expected).
+	send  func(tt *termTarget, p *rawpeer.Peer) []byte
+	cause term.Cause
+	ev    EventType
+	// echoRDMA: the 28-byte Read Request header must be echoed too.
+	echoRDMA bool
+	noEcho   bool
+	// placesRecv: the payload lands in the posted receive buffer before
+	// the failure is known (CRC, remote invalidation): that buffer is the
+	// peer's to write, and its receive completes in error.
+	placesRecv bool
+}
+
+func tagged(p *rawpeer.Peer, op rdmap.Opcode, stag STag, to uint64, n int) []byte {
+	return p.Tagged(op, true, uint32(stag), to, bytes.Repeat([]byte{0xEE}, n))
+}
+
+func prot(c term.Code) term.Cause {
+	return term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteProtection, Code: c}
+}
+func remoteOp(c term.Code) term.Cause {
+	return term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: c}
+}
+func ddpTagged(c term.Code) term.Cause {
+	return term.Cause{Layer: term.LayerDDP, EType: term.DDPTagged, Code: c}
+}
+func ddpUntagged(c term.Code) term.Cause {
+	return term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: c}
+}
+
+func sendULPDU(t *testing.T, p *rawpeer.Peer, u []byte) []byte {
+	if err := p.Send(u); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+var termCases = []termCase{
+	{name: "write-unknown-stag", cause: ddpTagged(term.TaggedInvalidSTag), ev: EventInvalidSTag,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, tagged(p, rdmap.OpWrite, 0xDEADBEEF, 0, 8))
+		}},
+	{name: "write-wrong-key", cause: ddpTagged(term.TaggedInvalidSTag), ev: EventInvalidSTag,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			s := tt.w.STag()
+			return sendULPDU(tt.t.(*testing.T), p, tagged(p, rdmap.OpWrite, s.WithKey(s.Key()^1), 0, 8))
+		}},
+	{name: "write-stag-zero", cause: ddpTagged(term.TaggedInvalidSTag), ev: EventInvalidSTag,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, tagged(p, rdmap.OpWrite, 0, 0, 8))
+		}},
+	{name: "write-other-pd", cause: ddpTagged(term.TaggedNotAssociated), ev: EventInvalidPD,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, tagged(p, rdmap.OpWrite, tt.other.STag(), 0, 8))
+		}},
+	{name: "write-no-remote-write", cause: ddpTagged(term.TaggedInvalidSTag), ev: EventAccessRights,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, tagged(p, rdmap.OpWrite, tt.ro.STag(), 0, 8))
+		}},
+	{name: "write-past-end", cause: ddpTagged(term.TaggedBaseBounds), ev: EventBaseBounds,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, tagged(p, rdmap.OpWrite, tt.w.STag(), 4089, 8))
+		}},
+	{name: "write-below-base", cause: ddpTagged(term.TaggedBaseBounds), ev: EventBaseBounds,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, tagged(p, rdmap.OpWrite, tt.va.STag(), math.MaxUint64-4096, 8))
+		}},
+	{name: "write-to-wrap", cause: ddpTagged(term.TaggedTOWrap), ev: EventWrap,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, tagged(p, rdmap.OpWrite, tt.va.STag(), math.MaxUint64-3, 8))
+		}},
+	{name: "write-invalidated", cause: ddpTagged(term.TaggedInvalidSTag), ev: EventInvalidSTag,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			if err := tt.w.Invalidate(); err != nil {
+				tt.t.Fatal(err)
+			}
+			return sendULPDU(tt.t.(*testing.T), p, tagged(p, rdmap.OpWrite, tt.w.STag(), 0, 8))
+		}},
+	{name: "write-not-enabled", qp: QPConfig{InboundRead: true}, cause: ddpTagged(term.TaggedInvalidSTag), ev: EventWriteNotEnabled,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, tagged(p, rdmap.OpWrite, tt.w.STag(), 0, 8))
+		}},
+	{name: "send-no-receive", cause: ddpUntagged(term.UntaggedNoBuffer), ev: EventRQInvalidMSN,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.SendMsg(rdmap.OpSend, 0, []byte("hello")))
+		}},
+	{name: "send-too-long", recvs: 1, cause: ddpUntagged(term.UntaggedTooLong), ev: EventRQMessageTooLong,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.SendMsg(rdmap.OpSend, 0, make([]byte, 65)))
+		}},
+	{name: "invalid-qn", recvs: 1, cause: ddpUntagged(term.UntaggedInvalidQN), ev: EventInvalidQN,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.Untagged(rdmap.OpSend, true, 0, 7, 1, 0, []byte("x")))
+		}},
+	{name: "msn-out-of-window", recvs: 1, cause: ddpUntagged(term.UntaggedMSNRange), ev: EventRQInvalidMSN,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.Untagged(rdmap.OpSend, true, 0, 0, 5, 0, []byte("x")))
+		}},
+	{name: "mo-gap", recvs: 1, cause: ddpUntagged(term.UntaggedInvalidMO), ev: EventRQInvalidMSN,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.Untagged(rdmap.OpSend, true, 0, 0, 1, 4, []byte("x")))
+		}},
+	{name: "ddp-version-tagged", cause: ddpTagged(term.TaggedInvalidVersion), ev: EventInvalidDDPVersion, noEcho: true,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := tagged(p, rdmap.OpWrite, tt.w.STag(), 0, 8)
+			u[0] &^= 0x03
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "ddp-version-untagged", recvs: 1, cause: ddpUntagged(term.UntaggedInvalidVersion), ev: EventInvalidDDPVersion, noEcho: true,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.SendMsg(rdmap.OpSend, 0, []byte("x"))
+			u[0] = u[0]&^0x03 | 0x02
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "rdmap-version", recvs: 1, cause: remoteOp(term.OpInvalidVersion), ev: EventInvalidRDMAVersion,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.SendMsg(rdmap.OpSend, 0, []byte("x"))
+			u[1] &^= 0xC0
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "unknown-opcode", recvs: 1, cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedOpcode,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.SendMsg(rdmap.OpSend, 0, []byte("x"))
+			u[1] = u[1]&0xF0 | 0x0C
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "opcode-on-wrong-queue", recvs: 1, cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedOpcode,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.Untagged(rdmap.OpSend, true, 0, rdmap.QNReadRequest, 1, 0, []byte("x")))
+		}},
+	{name: "write-untagged", recvs: 1, cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedOpcode,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.Untagged(rdmap.OpWrite, true, 0, 0, 1, 0, []byte("x")))
+		}},
+	{name: "read-unknown-source", cause: prot(term.ProtInvalidSTag), ev: EventIRRQInvalidSTag, echoRDMA: true,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 0xAB01, SinkTO: 0x2000, Size: 4096, SrcSTag: 0x12345678, SrcTO: 0x1000}))
+		}},
+	{name: "read-past-end", cause: prot(term.ProtBaseBounds), ev: EventIRRQBaseBounds, echoRDMA: true,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 1, Size: 4097, SrcSTag: uint32(tt.ro.STag())}))
+		}},
+	{name: "read-size-max", cause: prot(term.ProtBaseBounds), ev: EventIRRQBaseBounds, echoRDMA: true,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 1, Size: math.MaxUint32, SrcSTag: uint32(tt.ro.STag())}))
+		}},
+	{name: "read-no-remote-read", cause: prot(term.ProtAccessRights), ev: EventIRRQAccessRights, echoRDMA: true,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 1, Size: 8, SrcSTag: uint32(tt.w.STag())}))
+		}},
+	{name: "read-other-pd", cause: prot(term.ProtSTagNotAssociated), ev: EventIRRQInvalidPD, echoRDMA: true,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 1, Size: 8, SrcSTag: uint32(tt.other.STag())}))
+		}},
+	{name: "read-to-wrap", cause: prot(term.ProtTOWrap), ev: EventIRRQWrap, echoRDMA: true,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 1, Size: 16, SrcSTag: uint32(tt.va.STag()), SrcTO: math.MaxUint64 - 7}))
+		}},
+	{name: "read-not-enabled", qp: QPConfig{InboundWrite: true}, cause: prot(term.ProtAccessRights), ev: EventReadNotEnabled, echoRDMA: true,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 1, Size: 8, SrcSTag: uint32(tt.ro.STag())}))
+		}},
+	{name: "ird-exceeded", qp: QPConfig{IRD: 1, InboundRead: true}, cause: ddpUntagged(term.UntaggedNoBuffer), ev: EventIRRQTooMany,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			// The first 16 MiB response fills the socket while the peer does
+			// not read, so the first request is still outstanding.
+			sendULPDU(tt.t.(*testing.T), p, p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 1, Size: 16 << 20, SrcSTag: uint32(tt.r.STag())}))
+			return sendULPDU(tt.t.(*testing.T), p, p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 1, Size: 8, SrcSTag: uint32(tt.r.STag())}))
+		}},
+	{name: "atomic-misaligned", cause: remoteOp(term.OpCatastrophicStream), ev: EventMisalignedAtomic,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.AtomicRequest(rdmap.AtomicRequestFields{AOpcode: rdmap.AtomicFetchAdd, ReqID: 1, STag: uint32(tt.atomic.STag()), TO: 4, AddSwap: 1, CompareMask: math.MaxUint64}))
+		}},
+	{name: "atomic-no-rights", cause: prot(term.ProtAccessRights), ev: EventIRRQAccessRights,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.AtomicRequest(rdmap.AtomicRequestFields{AOpcode: rdmap.AtomicFetchAdd, ReqID: 1, STag: uint32(tt.w.STag()), TO: 8, AddSwap: 1}))
+		}},
+	{name: "atomic-past-end", cause: prot(term.ProtBaseBounds), ev: EventIRRQBaseBounds,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.AtomicRequest(rdmap.AtomicRequestFields{AOpcode: rdmap.AtomicCmpSwap, ReqID: 1, STag: uint32(tt.atomic.STag()), TO: 64}))
+		}},
+	{name: "atomic-bad-aopcode", cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedOpcode,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.AtomicRequest(rdmap.AtomicRequestFields{AOpcode: rdmap.AtomicFetchAdd, ReqID: 1, STag: uint32(tt.atomic.STag()), TO: 8})
+			u[ddp.UntaggedHeaderLen+3] = 0x01
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "atomics-not-enabled", qp: QPConfig{InboundWrite: true}, cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedOpcode,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.AtomicRequest(rdmap.AtomicRequestFields{AOpcode: rdmap.AtomicFetchAdd, ReqID: 1, STag: uint32(tt.atomic.STag()), TO: 8}))
+		}},
+	{name: "read-response-unsolicited", cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedResponse,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, tagged(p, rdmap.OpReadResponse, tt.w.STag(), 0, 8))
+		}},
+	{name: "atomic-response-unsolicited", cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedResponse,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			var b [rdmap.AtomicResponseLen]byte
+			return sendULPDU(tt.t.(*testing.T), p, p.Untagged(rdmap.OpAtomicResponse, true, 0, rdmap.QNAtomicResponse, p.NextMSN(rdmap.QNAtomicResponse), 0, b[:]))
+		}},
+	{name: "immediate-4-bytes", recvs: 1, cause: remoteOp(term.OpUnspecified), ev: EventProtocolError,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.SendMsg(rdmap.OpImmediate, 0, []byte{1, 2, 3, 4}))
+		}},
+	{name: "send-inv-other-pd", recvs: 1, placesRecv: true, cause: prot(term.ProtSTagNotAssociated), ev: 0,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.SendMsg(rdmap.OpSendInv, uint32(tt.other.STag()), []byte("x")))
+		}},
+	{name: "send-inv-unknown", recvs: 1, placesRecv: true, cause: prot(term.ProtInvalidSTag), ev: 0,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.SendMsg(rdmap.OpSendSEInv, 0xDEADBE01, []byte("x")))
+		}},
+	{name: "send-inv-shared", recvs: 1, placesRecv: true, cause: prot(term.ProtCannotInvalidate), ev: 0,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.SendMsg(rdmap.OpSendInv, uint32(tt.shared.STag()), []byte("x")))
+		}},
+	{name: "bad-crc", recvs: 1, placesRecv: true, cause: term.Cause{Layer: term.LayerLLP, EType: term.LLPMPA, Code: term.MPACRC}, ev: EventLLPInvalidCRC, noEcho: true,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			if err := p.SendBadCRC(p.SendMsg(rdmap.OpSend, 0, []byte("hello"))); err != nil {
+				tt.t.Fatal(err)
+			}
+			return nil
+		}},
+	{name: "ulpdu-too-short", cause: term.Cause{Layer: term.LayerLLP, EType: term.LLPMPA, Code: term.MPAMarker}, ev: EventLLPBadFPDU, noEcho: true,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			if err := p.SendRaw(mpa.AppendFPDU(nil, []byte{0x41, 0x43, 0, 0}, nil, true)); err != nil {
+				tt.t.Fatal(err)
+			}
+			return nil
+		}},
+	{name: "first-error-wins", cause: ddpTagged(term.TaggedInvalidSTag), ev: EventInvalidSTag,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			first := tagged(p, rdmap.OpWrite, 0xDEADBEEF, 0, 8)
+			second := tagged(p, rdmap.OpWrite, tt.other.STag(), 0, 8)
+			if err := p.SendRaw(append(mpa.AppendFPDU(nil, first, nil, p.CRC), mpa.AppendFPDU(nil, second, nil, p.CRC)...)); err != nil {
+				tt.t.Fatal(err)
+			}
+			return first
+		}},
+}
+
+// TestTerminateCodes sends each class of malformed or forbidden frame from
+// a raw peer and checks the exact Terminate on the wire, the target's
+// asynchronous event, its QP state, and that no memory was touched.
+func TestTerminateCodes(t *testing.T) {
+	for _, tc := range termCases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			qc := tc.qp
+			if qc == (QPConfig{}) {
+				qc = QPConfig{InboundRead: true, InboundWrite: true, InboundAtomic: true}
+			}
+			tt := newTermTarget(t, qc, tc.recvs, 64)
+			p := tt.dial(t, rawpeer.Options{CRC: true})
+			off := tc.send(tt, p)
+			tm, _, err := p.ReadTerminate(10 * time.Second)
+			if err != nil {
+				t.Fatalf("no Terminate: %v", err)
+			}
+			if tm.Cause != tc.cause {
+				t.Fatalf("Terminate cause %s, want %s (%x)", tm.Cause, tc.cause, tm.Raw)
+			}
+			if tm.MSN != 1 {
+				t.Errorf("Terminate MSN %d, want 1", tm.MSN)
+			}
+			checkEcho(t, tc, tm, off)
+			closeWrite(p.Conn)
+			if err := p.WaitClosed(5 * time.Second); err != nil {
+				t.Errorf("target did not close after its Terminate: %v", err)
+			}
+			tt.waitState(StateError)
+			info := tt.qp.Query()
+			if info.Terminate == nil || !info.Terminate.Local || info.Terminate.Fields.Cause != tc.cause {
+				t.Errorf("Query QP terminate %+v", info.Terminate)
+			}
+			if tc.ev != 0 {
+				ev := tt.waitEvent(tc.ev)
+				if ev.QPID != tt.qp.ID() || ev.Terminate == nil || ev.Terminate.Fields.Cause != tc.cause {
+					t.Errorf("event %+v", ev)
+				}
+			}
+			if tc.recvs > 0 {
+				// The receives are completed: with an error status for
+				// remote-invalidate failures, flushed otherwise.
+				wcs := drainCQ(tt.rcq)
+				if len(wcs) != tc.recvs {
+					t.Fatalf("%d receive completions, want %d: %+v", len(wcs), tc.recvs, wcs)
+				}
+				for _, wc := range wcs {
+					if wc.Status == StatusSuccess {
+						t.Errorf("receive completed successfully: %+v", wc)
+					}
+				}
+			}
+			if tc.placesRecv {
+				delete(tt.bufs, "recv")
+			}
+			tt.untouched(t)
+		})
+	}
+}
+
+func checkEcho(t *testing.T, tc termCase, tm *rawpeer.Terminate, off []byte) {
+	t.Helper()
+	if tc.noEcho || off == nil {
+		if tm.D || tm.R {
+			t.Errorf("unexpected echoed headers: %x", tm.Raw)
+		}
+		return
+	}
+	hl := ddp.UntaggedHeaderLen
+	if ddp.IsTagged(off[0]) {
+		hl = ddp.TaggedHeaderLen
+	}
+	if !tm.M || !tm.D {
+		t.Fatalf("M/D not set: %x", tm.Raw)
+	}
+	if int(tm.SegLen) != len(off) {
+		t.Errorf("DDP segment length %d, want %d", tm.SegLen, len(off))
+	}
+	if !bytes.Equal(tm.DDPHeader, off[:hl]) {
+		t.Errorf("echoed DDP header\n got %x\nwant %x", tm.DDPHeader, off[:hl])
+	}
+	if tc.echoRDMA {
+		if !tm.R || !bytes.Equal(tm.RDMAHeader, off[hl:hl+rdmap.ReadRequestLen]) {
+			t.Errorf("echoed RDMA header R=%v %x, want %x", tm.R, tm.RDMAHeader, off[hl:hl+rdmap.ReadRequestLen])
+		}
+	} else if tm.R {
+		t.Errorf("R set without a Read Request: %x", tm.Raw)
+	}
+}
+
+// TestTerminateVector18 checks the engine's Terminate for an invalid
+// source STag against wire-checklist vector #18 byte for byte.
+func TestTerminateVector18(t *testing.T) {
+	tt := newTermTarget(t, QPConfig{InboundRead: true}, 0, 64)
+	p := tt.dial(t, rawpeer.Options{CRC: true})
+	sendULPDU(t, p, p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 0xAB01, SinkTO: 0x2000, Size: 4096, SrcSTag: 0x12345678, SrcTO: 0x1000}))
+	tm, _, err := p.ReadTerminate(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `00 46 41 47 00 00 00 00 00 00 00 02 00 00 00 01
+		00 00 00 00 01 00 e0 00 00 2e 41 41 00 00 00 00
+		00 00 00 01 00 00 00 01 00 00 00 00 00 00 ab 01
+		00 00 00 00 00 00 20 00 00 00 10 00 12 34 56 78
+		00 00 00 00 00 00 10 00 cf e2 11 9e`
+	wb, err := hex.DecodeString(strings.Join(strings.Fields(want), ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := mpa.AppendFPDU(nil, tm.Raw, nil, true)
+	if !bytes.Equal(got, wb) {
+		t.Fatalf("Terminate FPDU\n got %x\nwant %x", got, wb)
+	}
+}
+
+// TestZeroLengthWriteNotValidated: a zero-length Write names an unknown
+// STag and is accepted (RFC 5040 §5.1); the stream stays up.
+func TestZeroLengthWriteNotValidated(t *testing.T) {
+	tt := newTermTarget(t, QPConfig{InboundWrite: true}, 1, 64)
+	p := tt.dial(t, rawpeer.Options{CRC: true})
+	sendULPDU(t, p, tagged(p, rdmap.OpWrite, 0xDEADBEEF, math.MaxUint64, 0))
+	sendULPDU(t, p, p.SendMsg(rdmap.OpSend, 0, []byte("after")))
+	wc := tt.waitOK(tt.rcq, WRRecv)
+	if wc.Bytes != 5 || string(tt.bufs["recv"][:5]) != "after" {
+		t.Fatalf("receive %+v %q", wc, tt.bufs["recv"][:5])
+	}
+	if st := tt.qp.State(); st != StateRTS {
+		t.Fatalf("state %s", st)
+	}
+}

@@ -38,6 +38,10 @@ type Config struct {
 	// AsyncHandler, if set, is installed before Open returns, so no event is
 	// lost (draft §9.4.2).
 	AsyncHandler func(AsyncEvent)
+
+	// seed, when set (in-package tests only), replaces the crypto/rand seed
+	// of the STag generator so that fuzzing can reach real STags.
+	seed *[32]byte
 }
 
 // DefaultConfig returns the default limits.
@@ -148,7 +152,9 @@ type Device struct {
 func Open(cfg Config) (*Device, error) {
 	cfg.fill()
 	var seed [32]byte
-	if _, err := crand.Read(seed[:]); err != nil {
+	if cfg.seed != nil {
+		seed = *cfg.seed
+	} else if _, err := crand.Read(seed[:]); err != nil {
 		return nil, fmt.Errorf("rnic: seeding STag generator: %w", err)
 	}
 	d := &Device{

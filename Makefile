@@ -18,5 +18,16 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || (gofmt -l . ; echo "gofmt: files above need formatting"; exit 1)
 	$(GO) vet ./...
 
+# RNIC_VM=1: the interoperability tests boot a Linux VM with soft-iWARP and
+# the kernel NBD client (built on first use into ~/.cache/rnic/linuxvm).
+export RNIC_VM ?= 1
+
 test: deps vet
-	$(GO) test -race -timeout 30m ./...
+	$(GO) test -race -timeout 40m ./...
+	FUZZTIME=$(FUZZTIME) ./.ci/fuzz
+
+FUZZTIME ?= 10s
+
+.PHONY: fuzz
+fuzz:
+	FUZZTIME=$(FUZZTIME) ./.ci/fuzz

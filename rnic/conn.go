@@ -254,7 +254,7 @@ func errString(err error) string {
 // terminateLocal is Modify QP RTS->Terminate: a Terminate with RDMAP Local
 // Catastrophic Error and no headers (draft Fig. 12).
 func (c *conn) terminateLocal() {
-	c.fail(rdmap.TerminateFields{Cause: term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}}, 0, nil)
+	c.fail(localCatastrophic, 0, nil)
 }
 
 // closeGracefully is Modify QP RTS->Closing (draft T6).
@@ -422,7 +422,6 @@ func (c *conn) endOfStream(end rxEnd, rerr error) {
 		}
 	}
 	c.nc.Close()
-	c.rx.release()
 	c.detach(final)
 	if ev != 0 {
 		qp.mu.Lock()

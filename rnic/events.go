@@ -133,12 +133,11 @@ func (e AsyncEvent) String() string {
 // one at a time, on its own goroutine and outside every engine lock, so that
 // handlers may call any verb.
 type dispatcher struct {
-	mu      sync.Mutex
-	cond    *sync.Cond
-	queue   []func()
-	closed  bool
-	done    chan struct{}
-	running bool
+	mu     sync.Mutex
+	cond   *sync.Cond
+	queue  []func()
+	closed bool
+	done   chan struct{}
 }
 
 func newDispatcher() *dispatcher {

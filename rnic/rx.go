@@ -128,8 +128,6 @@ func (r *rxState) flushInProgress() {
 	}
 }
 
-func (r *rxState) release() {}
-
 // run is the receive loop.
 func (r *rxState) run() (rxEnd, error) {
 	c := r.c
@@ -710,40 +708,14 @@ func (r *rxState) apply() (rxEnd, bool) {
 			}
 			ok = q.completeLocked(qp, done.idx, st)
 		}
-		waiting := q.next != q.tail
-		q.mu.Unlock()
-		if waiting {
-			c.kick() // an ORD slot is free for a stalled WQE
-		}
-		if st != StatusSuccess {
-			c.fail(rdmap.TerminateFields{Cause: term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}}, 0, nil)
-			return endProtocol, true
-		}
-		if !ok {
-			c.tx.cqOverflow(EventCQSQError)
-			return endProtocol, true
-		}
+		return r.ordDone(st, ok)
 	case actAtomicResp:
 		q := qp.sq
 		q.mu.Lock()
 		done := q.ord[0]
 		q.ord = q.ord[1:]
-		e := q.at(done.idx)
-		st := r.writeResult(e.wr.Local, a.orig)
-		ok := q.completeLocked(qp, done.idx, st)
-		waiting := q.next != q.tail
-		q.mu.Unlock()
-		if waiting {
-			c.kick()
-		}
-		if st != StatusSuccess {
-			c.fail(rdmap.TerminateFields{Cause: term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}}, 0, nil)
-			return endProtocol, true
-		}
-		if !ok {
-			c.tx.cqOverflow(EventCQSQError)
-			return endProtocol, true
-		}
+		st := r.writeResult(q.at(done.idx).wr.Local, a.orig)
+		return r.ordDone(st, q.completeLocked(qp, done.idx, st))
 	case actPushResp:
 		c.respMu.Lock()
 		c.resp = append(c.resp, a.job)
@@ -753,6 +725,27 @@ func (r *rxState) apply() (rxEnd, bool) {
 	case actTermRecv:
 		r.terminateReceived(a.term)
 		return endTermRecv, true
+	}
+	return 0, false
+}
+
+// ordDone finishes an outstanding Read or Atomic whose WQE completed with
+// st (ok: its completion fit the CQ). It is called with the send queue
+// locked and unlocks it.
+func (r *rxState) ordDone(st Status, ok bool) (rxEnd, bool) {
+	q := r.qp.sq
+	waiting := q.next != q.tail
+	q.mu.Unlock()
+	if waiting {
+		r.c.kick() // an ORD slot is free for a stalled WQE
+	}
+	if st != StatusSuccess {
+		r.c.fail(localCatastrophic, 0, nil)
+		return endProtocol, true
+	}
+	if !ok {
+		r.c.tx.cqOverflow(EventCQSQError)
+		return endProtocol, true
 	}
 	return 0, false
 }

@@ -387,7 +387,7 @@ func (t *txState) localError(idx uint32, st Status) {
 	q.mu.Lock()
 	q.completeLocked(t.qp, idx, st)
 	q.mu.Unlock()
-	t.c.fail(rdmap.TerminateFields{Cause: term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}}, 0, nil)
+	t.c.fail(localCatastrophic, 0, nil)
 }
 
 // sendWQE starts the next send queue WQE, if its fences and ORD allow.

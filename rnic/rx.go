@@ -122,10 +122,10 @@ func (r *rxState) flushInProgress() {
 		return
 	}
 	r.recvActive = false
-	r.qp.cfg.RecvCQ.push(WC{ID: r.recv.id, Op: WRRecv, Status: StatusFlushed, QPID: r.qp.id})
 	if r.qp.rq != nil {
 		r.qp.rq.done()
 	}
+	r.qp.cfg.RecvCQ.push(WC{ID: r.recv.id, Op: WRRecv, Status: StatusFlushed, QPID: r.qp.id})
 }
 
 // run is the receive loop.
@@ -643,11 +643,12 @@ func (r *rxState) completeRecv(st Status, bytes uint32) bool {
 		wc.Imm, wc.HasImm = a.imm, a.hasImm
 	}
 	r.recvActive = false
-	ok := qp.cfg.RecvCQ.push(wc)
+	// Free the slot first: a consumer that polls this completion may re-post
+	// at once.
 	if qp.rq != nil {
 		qp.rq.done()
 	}
-	return ok
+	return qp.cfg.RecvCQ.push(wc)
 }
 
 // apply performs a verified segment's deferred effects. It reports true when

@@ -144,20 +144,27 @@ func (t *stagTable) release(e *stagEntry) {
 	t.mu.Unlock()
 }
 
+// clear invalidates every entry (device close). Lock order is entry, then
+// table (Dealloc releases a slot while holding its entry), so the entries
+// are collected first and locked without the table lock.
 func (t *stagTable) clear() {
 	t.mu.Lock()
+	entries := make([]*stagEntry, 0, len(t.slots))
 	for _, e := range t.slots {
 		if e != nil {
-			e.mu.Lock()
-			e.gone = true
-			e.valid = false
-			e.mem = mapping{}
-			e.mu.Unlock()
+			entries = append(entries, e)
 		}
 	}
 	t.slots = nil
 	t.free = nil
 	t.mu.Unlock()
+	for _, e := range entries {
+		e.mu.Lock()
+		e.gone = true
+		e.valid = false
+		e.mem = mapping{}
+		e.mu.Unlock()
+	}
 }
 
 // accessFault classifies a failed tagged access; callers map it to a DDP or

@@ -212,7 +212,7 @@
 //	11  [5]  reserved, 0
 //	16  u64  value: StatusReserved: the reservation word seen; StatusStale-
 //	         Token: the fence floor; HOLDER: a session ID; StatusVersion:
-//	         the highest version; otherwise 0
+//	         the highest version; GOODBYE: 1 if synced; otherwise 0
 //	24  [16] a new write grant (STag 0: none)
 //	40  [d]  detail: UTF-8 text for people, e.g. the holder's initiator
 //	         name with StatusReserved
@@ -222,7 +222,9 @@
 //
 // GOODBYE (0x22): the target is ending the session (shutdown); commands
 // still outstanding get no answer and the QP closes. The initiator may
-// reconnect and replay them.
+// reconnect and replay them. Value 1 (GoodbyeSynced): the target flushed
+// after the last answer it sent, so every write acknowledged on the
+// session is durable.
 //
 // Write grants are per QP. The target keeps at most C of them outstanding
 // on a QP and tops the initiator up through RESPONSEs and READYs; a WRITE

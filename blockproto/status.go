@@ -42,3 +42,7 @@ func (s Status) String() string {
 
 // Known reports whether s is a status this version defines.
 func (s Status) Known() bool { return int(s) < len(statusNames) && statusNames[s] != "" }
+
+// GoodbyeSynced is the Value of a GOODBYE sent after the target flushed:
+// every write acknowledged before it is durable.
+const GoodbyeSynced = 1

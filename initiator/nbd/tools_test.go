@@ -299,7 +299,7 @@ type fioResult struct {
 
 func runFio(t testing.TB, timeout time.Duration, args ...string) fioResult {
 	t.Helper()
-	out := run(t, timeout, "fio", append(args, "--output-format=json")...)
+	out := run(t, timeout, "fio", append(args, "--output-format=json", "--verify_state_save=0")...)
 	// fio may print notes before the JSON document.
 	if i := strings.IndexByte(out, '{'); i > 0 {
 		out = out[i:]

@@ -1,0 +1,277 @@
+package initiator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rnic-dev/rnic/blockproto"
+	"github.com/rnic-dev/rnic/rnic"
+)
+
+// Client is a logged-in connection to one volume of a target: a session
+// of several QPs, re-established (and its unanswered requests replayed)
+// when it is lost. All methods are safe for concurrent use.
+type Client struct {
+	cfg    Config
+	log    *slog.Logger
+	dev    *rnic.Device
+	ownDev bool
+
+	size     int64
+	readOnly bool
+
+	// barrier orders Flush after the writes issued before it: writes hold
+	// it shared for their whole duration (retries included), Flush
+	// exclusively.
+	barrier sync.RWMutex
+	// unflushed is the boot ID of the target that acknowledged the oldest
+	// write not yet covered by a flush (0: none).
+	unflushed atomic.Uint64
+	// fence is the token WriteAt, Trim and WriteZeroes carry (0: none).
+	fence   atomic.Uint64
+	lockSeq atomic.Uint64
+
+	mu        sync.Mutex
+	sess      *session // nil while reconnecting
+	epoch     uint64
+	changed   chan struct{} // closed and replaced whenever sess changes
+	fatal     error
+	closed    bool
+	reconnect bool // a reconnect loop runs
+	wg        sync.WaitGroup
+}
+
+// Connect logs in to cfg.Volume at cfg.Addr.
+func Connect(ctx context.Context, cfg Config) (*Client, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	c := &Client{cfg: cfg, log: cfg.Logger.With("volume", cfg.Volume, "target", cfg.Addr), dev: cfg.Device,
+		changed: make(chan struct{})}
+	if c.dev == nil {
+		d, err := rnic.Open(rnic.Config{Name: "initiator", Logger: cfg.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("initiator: open RNIC: %w", err)
+		}
+		c.dev, c.ownDev = d, true
+	}
+	c.epoch = 1
+	s, err := c.dial(ctx, c.epoch)
+	if err != nil {
+		if c.ownDev {
+			c.dev.Close()
+		}
+		return nil, err
+	}
+	c.sess, c.size, c.readOnly = s, s.size, s.readOnly
+	c.log.Info("logged in", "session", s.id, "slot", s.slot, "qps", len(s.qps), "size", s.size)
+	return c, nil
+}
+
+// Size is the volume's size in bytes.
+func (c *Client) Size() int64 { return c.size }
+
+// ReadOnly reports whether the target exports the volume read-only.
+func (c *Client) ReadOnly() bool { return c.readOnly }
+
+// Close ends the session. Requests in flight fail with ErrClosed.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	s := c.sess
+	c.sess = nil
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.mu.Unlock()
+	if s != nil {
+		s.close()
+	}
+	c.wg.Wait()
+	if c.ownDev {
+		c.dev.Close()
+	}
+	return nil
+}
+
+// current waits for a live session.
+func (c *Client) current(ctx context.Context) (*session, error) {
+	for {
+		c.mu.Lock()
+		s, ch, fatal, closed := c.sess, c.changed, c.fatal, c.closed
+		c.mu.Unlock()
+		switch {
+		case closed:
+			return nil, ErrClosed
+		case fatal != nil:
+			return nil, fatal
+		case s != nil && !s.isDead():
+			return s, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("initiator: waiting for the session: %w", ctx.Err())
+		}
+	}
+}
+
+// lost is called when session s died: the client reconnects (once per
+// loss) unless it is closed or NoReconnect is set.
+func (c *Client) lost(s *session) {
+	c.mu.Lock()
+	if c.sess != s {
+		c.mu.Unlock()
+		go s.close()
+		return
+	}
+	c.sess = nil
+	close(c.changed)
+	c.changed = make(chan struct{})
+	start := !c.closed && !c.reconnect
+	if c.cfg.NoReconnect && !c.closed {
+		c.fatal = fmt.Errorf("initiator: session lost (reconnect disabled): %w", s.cause)
+		start = false
+	}
+	if start {
+		c.reconnect = true
+		c.wg.Add(1)
+	}
+	c.mu.Unlock()
+	c.log.Warn("session lost", "session", s.id, "cause", s.cause)
+	go s.close()
+	if start {
+		go c.reconnectLoop()
+	}
+}
+
+// reconnectLoop logs in again with exponential backoff.
+func (c *Client) reconnectLoop() {
+	defer c.wg.Done()
+	wait := c.cfg.ReconnectMin
+	for {
+		c.mu.Lock()
+		closed := c.closed
+		c.epoch++
+		epoch := c.epoch
+		c.mu.Unlock()
+		if closed {
+			break
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		stop := c.onClose(cancel)
+		s, err := c.dial(ctx, epoch)
+		stop()
+		cancel()
+		if err == nil {
+			c.mu.Lock()
+			if c.closed {
+				c.mu.Unlock()
+				s.close()
+				break
+			}
+			if s.bootID != 0 && c.unflushed.Load() != 0 && c.unflushed.Load() != s.bootID {
+				c.log.Warn("the target restarted since the last flush: the next Flush reports ErrWritesLost")
+			}
+			c.sess = s
+			c.reconnect = false
+			close(c.changed)
+			c.changed = make(chan struct{})
+			c.mu.Unlock()
+			c.log.Info("session re-established", "session", s.id, "slot", s.slot, "boot", s.bootID)
+			return
+		}
+		if permanent(err) {
+			c.mu.Lock()
+			c.fatal = fmt.Errorf("initiator: cannot log in again: %w", err)
+			c.reconnect = false
+			close(c.changed)
+			c.changed = make(chan struct{})
+			c.mu.Unlock()
+			c.log.Error("giving up reconnecting", "err", err)
+			return
+		}
+		c.log.Info("reconnect failed; retrying", "in", wait, "err", err)
+		select {
+		case <-time.After(wait):
+		case <-c.closedCh():
+		}
+		wait = min(2*wait, c.cfg.ReconnectMax)
+	}
+	c.mu.Lock()
+	c.reconnect = false
+	c.mu.Unlock()
+}
+
+// closedCh returns a channel closed when the client is closed (or when the
+// session changes; callers re-check).
+func (c *Client) closedCh() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.changed
+}
+
+// onClose calls f when Close runs (until the returned stop is called).
+func (c *Client) onClose(f func()) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		for {
+			ch := c.closedCh()
+			c.mu.Lock()
+			closed := c.closed
+			c.mu.Unlock()
+			if closed {
+				f()
+				return
+			}
+			select {
+			case <-ch:
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { close(done) }
+}
+
+// retry runs fn on the current session, again on the next one each time
+// the session is lost underneath it (replay), until it succeeds, fails
+// otherwise, or ctx ends.
+func (c *Client) retry(ctx context.Context, fn func(s *session) error) error {
+	for {
+		s, err := c.current(ctx)
+		if err != nil {
+			return err
+		}
+		err = fn(s)
+		if err == nil || !errors.Is(err, errConnLost) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		s.fail(err) // make sure the client knows
+	}
+}
+
+// noteAck records an acknowledged write for ErrWritesLost (poller).
+func (c *Client) noteAck(s *session, op blockproto.Opcode, flags uint16) {
+	switch op {
+	case blockproto.OpWrite, blockproto.OpWriteZeroes:
+		if flags&blockproto.FlagFUA != 0 {
+			return
+		}
+	case blockproto.OpTrim:
+	default:
+		return
+	}
+	c.unflushed.CompareAndSwap(0, s.bootID)
+}

@@ -1,0 +1,73 @@
+package initiator
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/rnic-dev/rnic/blockproto"
+	"github.com/rnic-dev/rnic/rnic"
+)
+
+// Config configures a Client.
+type Config struct {
+	Addr      string // the target, "host:port"
+	Volume    string
+	Initiator string // this initiator's name
+	Secret    []byte // pre-shared with the target
+
+	// Device is the RNIC to use; nil opens one the Client owns.
+	Device *rnic.Device
+	Logger *slog.Logger
+
+	QPs         int   // QPs per session: 2
+	QueueDepth  int   // credits asked for per QP: 32
+	BounceBytes int64 // registered staging memory: 64 MiB
+	ORD         int   // outstanding RDMA Reads and atomics per QP: 16
+
+	LoginTimeout time.Duration // per QP login: 10 s
+	// Reconnect backoff: starts at ReconnectMin, doubles to ReconnectMax.
+	ReconnectMin, ReconnectMax time.Duration
+	// NoReconnect makes a lost session fail the requests in flight
+	// instead of reconnecting and replaying them.
+	NoReconnect bool
+}
+
+func (c *Config) fill() error {
+	if !blockproto.ValidName(c.Initiator) || !blockproto.ValidName(c.Volume) {
+		return fmt.Errorf("%w: initiator and volume names must be 1-%d bytes of printable UTF-8", ErrInvalid, blockproto.MaxName)
+	}
+	if len(c.Secret) == 0 {
+		return fmt.Errorf("%w: no secret", ErrAuth)
+	}
+	if c.Addr == "" {
+		return fmt.Errorf("%w: no target address", ErrInvalid)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.QPs, 2)
+	def(&c.QueueDepth, 32)
+	def(&c.ORD, 16)
+	if c.QueueDepth > 1<<15 {
+		c.QueueDepth = 1 << 15
+	}
+	if c.BounceBytes <= 0 {
+		c.BounceBytes = 64 << 20
+	}
+	if c.LoginTimeout <= 0 {
+		c.LoginTimeout = 10 * time.Second
+	}
+	if c.ReconnectMin <= 0 {
+		c.ReconnectMin = 50 * time.Millisecond
+	}
+	if c.ReconnectMax <= 0 {
+		c.ReconnectMax = 2 * time.Second
+	}
+	return nil
+}

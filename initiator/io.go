@@ -1,0 +1,165 @@
+package initiator
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/rnic-dev/rnic/blockproto"
+)
+
+// minIO is the alignment of offsets and lengths (the protocol's).
+const minIO = 512
+
+// maxDiscard is the largest TRIM or WRITE_ZEROES sent as one command.
+const maxDiscard = 1 << 30
+
+// check validates a byte range against the volume.
+func (c *Client) check(off, n int64) error {
+	switch {
+	case off < 0 || n < 0 || off%minIO != 0 || n%minIO != 0:
+		return fmt.Errorf("%w: offset %d and length %d must be non-negative multiples of %d", ErrInvalid, off, n, minIO)
+	case off > c.size || n > c.size-off:
+		return fmt.Errorf("%w: %d bytes at %d, volume size %d", ErrRange, n, off, c.size)
+	}
+	return nil
+}
+
+// ReadAt fills p with the bytes at off. off and len(p) are multiples of
+// 512. A request larger than the target's maximum transfer is split, the
+// pieces running concurrently.
+func (c *Client) ReadAt(ctx context.Context, p []byte, off int64) error {
+	if err := c.check(off, int64(len(p))); err != nil {
+		return err
+	}
+	return c.retry(ctx, func(s *session) error {
+		return s.chunks(ctx, len(p), s.maxTransfer, func(at, n int) error {
+			_, err := s.do(ctx, blockproto.OpRead, 0, uint64(off)+uint64(at), uint32(n), 0, nil, p[at:at+n])
+			return err
+		})
+	})
+}
+
+// WriteAt writes p at off, with FUA durable before it returns. It carries
+// the fence token set with SetFence.
+func (c *Client) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
+	return c.WriteAtToken(ctx, p, off, fua, c.fence.Load())
+}
+
+// WriteAtToken is WriteAt with an explicit fencing token (0: unfenced).
+func (c *Client) WriteAtToken(ctx context.Context, p []byte, off int64, fua bool, token uint64) error {
+	if err := c.check(off, int64(len(p))); err != nil {
+		return err
+	}
+	if c.readOnly {
+		return fmt.Errorf("%w: %s", ErrReadOnly, c.cfg.Volume)
+	}
+	var flags uint16
+	if fua {
+		flags = blockproto.FlagFUA
+	}
+	c.barrier.RLock()
+	defer c.barrier.RUnlock()
+	return c.retry(ctx, func(s *session) error {
+		return s.chunks(ctx, len(p), s.maxTransfer, func(at, n int) error {
+			_, err := s.do(ctx, blockproto.OpWrite, flags, uint64(off)+uint64(at), uint32(n), token, p[at:at+n], nil)
+			return err
+		})
+	})
+}
+
+// Flush makes every write that completed before Flush was called durable.
+// It waits for the writes in flight when it is called, so after a
+// reconnect it covers the writes replayed on the new session. It returns
+// ErrWritesLost if the target restarted, without a clean shutdown, after
+// acknowledging writes that no flush covered.
+func (c *Client) Flush(ctx context.Context) error {
+	c.barrier.Lock()
+	defer c.barrier.Unlock()
+	first := c.unflushed.Load()
+	var boot uint64
+	err := c.retry(ctx, func(s *session) error {
+		_, err := s.do(ctx, blockproto.OpFlush, 0, 0, 0, 0, nil, nil)
+		boot = s.bootID
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	c.unflushed.Store(0)
+	if first != 0 && first != boot {
+		return ErrWritesLost
+	}
+	return nil
+}
+
+// Trim discards the whole 4096-byte blocks inside the range (they read as
+// zeros afterwards; partial blocks at the ends keep their data).
+func (c *Client) Trim(ctx context.Context, off, length int64) error {
+	return c.discard(ctx, blockproto.OpTrim, off, length, false)
+}
+
+// WriteZeroes makes the range read as zeros, durably before it returns
+// with fua.
+func (c *Client) WriteZeroes(ctx context.Context, off, length int64, fua bool) error {
+	return c.discard(ctx, blockproto.OpWriteZeroes, off, length, fua)
+}
+
+func (c *Client) discard(ctx context.Context, op blockproto.Opcode, off, length int64, fua bool) error {
+	if err := c.check(off, length); err != nil {
+		return err
+	}
+	if c.readOnly {
+		return fmt.Errorf("%w: %s", ErrReadOnly, c.cfg.Volume)
+	}
+	if length == 0 {
+		return nil
+	}
+	var flags uint16
+	if fua && op == blockproto.OpWriteZeroes {
+		flags = blockproto.FlagFUA
+	}
+	token := c.fence.Load()
+	c.barrier.RLock()
+	defer c.barrier.RUnlock()
+	return c.retry(ctx, func(s *session) error {
+		for at := int64(0); at < length; at += maxDiscard {
+			n := min(length-at, maxDiscard)
+			if _, err := s.do(ctx, op, flags, uint64(off+at), uint32(n), token, nil, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// chunks runs f over [0, total) in pieces of at most max bytes; pieces run
+// concurrently and the first error wins.
+func (s *session) chunks(ctx context.Context, total, max int, f func(at, n int) error) error {
+	if total <= max {
+		return f(0, total)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	for at := 0; at < total; at += max {
+		n := min(total-at, max)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(at, n); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// SetFence sets the fencing token that WriteAt, Trim and WriteZeroes
+// carry from now on (0: none). Draw tokens with Token or with a Lock.
+func (c *Client) SetFence(token uint64) { c.fence.Store(token) }

@@ -1,0 +1,316 @@
+package target
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/rnic-dev/rnic/blockproto"
+	"github.com/rnic-dev/rnic/rnic"
+	"github.com/rnic-dev/rnic/store"
+)
+
+// loginError is a refused login: the REJECT's status and reason.
+type loginError struct {
+	status blockproto.Status
+	value  uint64
+	detail string
+	err    error // for the log
+}
+
+func (e *loginError) Error() string {
+	if e.err != nil {
+		return fmt.Sprintf("%s: %s: %v", e.status, e.detail, e.err)
+	}
+	return fmt.Sprintf("%s: %s", e.status, e.detail)
+}
+
+func refuse(st blockproto.Status, detail string, err error) error {
+	return &loginError{status: st, detail: detail, err: err}
+}
+
+// handle serves one connection request: accept, login, then hand the QP to
+// its session.
+func (t *Target) handle(req *rnic.ConnRequest) {
+	select {
+	case t.logins <- struct{}{}:
+	default:
+		t.log.Warn("too many logins in progress: rejecting a connection", "peer", req.RemoteAddr)
+		req.Reject(nil)
+		t.m.LoginFailures.Add(1)
+		return
+	}
+	q, err := t.newQConn()
+	if err != nil {
+		<-t.logins
+		t.log.Error("allocating a QP", "err", err)
+		req.Reject(nil)
+		return
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		<-t.logins
+		req.Reject(nil)
+		q.down()
+		return
+	}
+	t.pending[q] = struct{}{}
+	t.mu.Unlock()
+	ctx, cancel := context.WithTimeout(q.ctx, t.cfg.LoginTimeout)
+	err = t.accept(ctx, req, q)
+	cancel()
+	t.mu.Lock()
+	delete(t.pending, q)
+	t.mu.Unlock()
+	<-t.logins
+	if err != nil {
+		t.m.LoginFailures.Add(1)
+		t.log.Info("login refused", "peer", req.RemoteAddr, "err", err)
+		var le *loginError
+		if errors.As(err, &le) && q.qp.State() == rnic.StateRTS {
+			q.reject(le)
+		}
+		q.down()
+		return
+	}
+	q.startWorkers()
+}
+
+// accept runs the MPA exchange and the login on q.
+func (t *Target) accept(ctx context.Context, req *rnic.ConnRequest, q *qconn) error {
+	if _, err := req.Accept(ctx, q.qp, rnic.AcceptParams{IRD: t.cfg.IRD, ORD: 1, LargeFPDU: true}); err != nil {
+		return fmt.Errorf("target: accept: %w", err)
+	}
+	_, msg, err := q.waitRecv(ctx)
+	if err != nil {
+		return err
+	}
+	if v, op, ok := blockproto.PeekOpcode(msg); ok && op == blockproto.OpLogin && v != blockproto.Version {
+		return &loginError{status: blockproto.StatusVersion, value: blockproto.Version,
+			detail: fmt.Sprintf("protocol version %d is not supported; this target speaks %d", v, blockproto.Version)}
+	}
+	lm, err := blockproto.ParseLogin(msg)
+	if err != nil {
+		return refuse(blockproto.StatusProtocol, "malformed LOGIN", err)
+	}
+	login := append(blockproto.Login(nil), lm...)
+	name, volName := string(login.Initiator()), string(login.Volume())
+	secret, known := t.cfg.Secret(name, volName)
+	if !known || len(secret) == 0 {
+		// Go through the challenge anyway, so a prober cannot tell unknown
+		// names from wrong secrets.
+		secret = make([]byte, 32)
+		rand.Read(secret)
+		known = false
+	}
+	nonce, err := blockproto.NewNonce()
+	if err != nil {
+		return err
+	}
+	ch := blockproto.EncodeChallenge(q.txArea(q.loginArea()), &nonce)
+	challenge := append(blockproto.Challenge(nil), ch...)
+	if err := q.sendLogin(len(ch)); err != nil {
+		return err
+	}
+	_, msg, err = q.waitRecv(ctx)
+	if err != nil {
+		return err
+	}
+	pm, err := blockproto.ParseProof(msg)
+	if err != nil {
+		return refuse(blockproto.StatusProtocol, "expected PROOF", err)
+	}
+	proof := append(blockproto.Proof(nil), pm...)
+	want, err := blockproto.InitiatorProof(secret, login, challenge)
+	if err != nil || !blockproto.ProofEqual(want[:], proof.MAC()) || !known {
+		return refuse(blockproto.StatusAuth, "authentication failed", fmt.Errorf("initiator %q volume %q", name, volName))
+	}
+	sess, err := t.attach(ctx, q, login)
+	if err != nil {
+		return err
+	}
+	if err := t.welcome(q, secret, login, challenge, proof); err != nil {
+		sess.end("login failed after authentication")
+		return err
+	}
+	t.m.QPsActive.Add(1)
+	t.log.Info("QP logged in", "initiator", name, "volume", volName, "session", sess.id, "slot", sess.slot,
+		"qp", q.qp.ID(), "credits", q.credits, "grants", len(q.grants.all), "join", login.Join())
+	return nil
+}
+
+// attach creates the session of a new login, or finds the session a join
+// names, and adds q to it.
+func (t *Target) attach(ctx context.Context, q *qconn, login blockproto.Login) (*session, error) {
+	name, volName := string(login.Initiator()), string(login.Volume())
+	q.credits = min(int(login.Credits()), t.cfg.MaxCredits)
+	if login.Join() {
+		t.mu.Lock()
+		s := t.sessions[login.SessionID()]
+		t.mu.Unlock()
+		if s == nil || s.name != name || s.vol.name != volName {
+			return nil, refuse(blockproto.StatusNoSession, "no such session", fmt.Errorf("join %#x", login.SessionID()))
+		}
+		if err := q.setupSession(s); err != nil {
+			return nil, err
+		}
+		if !s.addQP(q) {
+			return nil, refuse(blockproto.StatusBusy, "session ended or has its maximum of QPs", nil)
+		}
+		return s, nil
+	}
+	t.mu.Lock()
+	full := len(t.sessions) >= t.cfg.MaxSessions
+	t.mu.Unlock()
+	if full {
+		return nil, refuse(blockproto.StatusBusy, "too many sessions", nil)
+	}
+	vol, err := t.openVolume(ctx, volName)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, refuse(blockproto.StatusNoVolume, "no volume "+volName, err)
+		}
+		return nil, refuse(blockproto.StatusIO, "cannot open volume "+volName, err)
+	}
+	s := &session{t: t, name: name, vol: vol}
+	if !vol.takeSlot(s) {
+		t.releaseVolume(vol)
+		return nil, refuse(blockproto.StatusBusy, fmt.Sprintf("volume %s has %d sessions", volName, blockproto.MaxSlot+1), nil)
+	}
+	t.mu.Lock()
+	for s.id == 0 || t.sessions[s.id] != nil {
+		var b [8]byte
+		rand.Read(b[:])
+		s.id = binary.LittleEndian.Uint64(b[:])
+	}
+	t.sessions[s.id] = s
+	t.mu.Unlock()
+	t.m.SessionsActive.Add(1)
+	t.m.SessionsTotal.Add(1)
+	if err := q.setupSession(s); err != nil {
+		s.end("login failed")
+		return nil, err
+	}
+	if !s.addQP(q) {
+		s.end("login failed")
+		return nil, refuse(blockproto.StatusBusy, "session ended", nil)
+	}
+	return s, nil
+}
+
+// setupSession allocates q's slots and grants and registers the lock
+// table for it.
+func (q *qconn) setupSession(s *session) error {
+	t := q.t
+	q.sess = s
+	if err := q.setupSlots(q.credits); err != nil {
+		return refuse(blockproto.StatusBusy, "out of STags", err)
+	}
+	if err := q.grants.setup(t, q.pd, min(q.credits, t.cfg.MaxGrants), t.cfg.GrantSize); err != nil {
+		return refuse(blockproto.StatusBusy, "out of STags", err)
+	}
+	mr, err := q.pd.RegisterMR(rnic.Bytes(s.vol.mem), rnic.MROptions{
+		Access: rnic.LocalRead | rnic.LocalWrite | rnic.RemoteAtomic, ZeroBased: true})
+	if err != nil {
+		return refuse(blockproto.StatusBusy, "cannot register the lock table", err)
+	}
+	q.lockMR = mr
+	return nil
+}
+
+// welcome posts the session's receives and sends WELCOME with the first
+// grants and the target's proof.
+func (t *Target) welcome(q *qconn, secret []byte, login blockproto.Login,
+	challenge blockproto.Challenge, proof blockproto.Proof) error {
+	s := q.sess
+	// Receives 0 and 1 carried LOGIN and PROOF; the session needs 2C.
+	for i := 0; i < 2*q.credits; i++ {
+		if err := q.postRecv(i); err != nil {
+			return err
+		}
+	}
+	q.nrx = 2 * q.credits
+	f := blockproto.WelcomeFields{SessionID: s.id, BootID: t.bootID, VolumeSize: uint64(s.vol.info.Size),
+		VolumeID: s.vol.info.ID, MaxTransfer: uint32(t.cfg.MaxTransfer), GrantSize: uint32(t.cfg.GrantSize),
+		Credits: uint16(q.credits), Slot: s.slot, LockSTag: uint32(q.lockMR.STag()),
+		LockCount: uint32(len(s.vol.words) - blockproto.FirstLockWord), MinIO: minIO, PreferredIO: blk}
+	if s.vol.readOnly {
+		f.VolumeFlags |= blockproto.VolumeReadOnly
+	}
+	var wrs []rnic.SendWR
+	var frs [blockproto.MaxWelcomeGrants]rnic.FastReg
+	for len(f.Grants) < blockproto.MaxWelcomeGrants {
+		g := q.grants.next()
+		if g == nil {
+			break
+		}
+		st := g.mr.STag()
+		st = st.WithKey(freshKey(t.dev, st))
+		i := len(f.Grants)
+		frs[i] = rnic.FastReg{STag: st, Mem: rnic.Memory{Pages: g.pages[:], Len: uint64(len(g.buf))}, ZeroBased: true,
+			Access: rnic.LocalWrite | rnic.RemoteWrite}
+		wrs = append(wrs, rnic.SendWR{Op: rnic.WRFastReg, Unsignaled: true, FastReg: &frs[i]})
+		q.grants.advertise(g, st)
+		t.m.GrantsIssued.Add(1)
+		f.Grants = append(f.Grants, blockproto.GrantFields{STag: uint32(st), Len: uint32(len(g.buf))})
+	}
+	area := q.txArea(q.loginArea())
+	w, err := blockproto.EncodeWelcome(area, &f)
+	if err != nil {
+		return err
+	}
+	tp, err := blockproto.TargetProof(secret, login, challenge, proof, w)
+	if err != nil {
+		return err
+	}
+	copy(w.TargetProof(), tp[:])
+	// Unsignaled: the initiator may answer at once, and from here on the
+	// poller owns the CQ. The login area is not used again.
+	wrs = append(wrs, rnic.SendWR{Op: rnic.WRSend, Unsignaled: true, SGL: []rnic.SGE{q.txSGE(q.loginArea(), len(w))}})
+	if _, err := q.qp.PostSend(wrs...); err != nil {
+		return fmt.Errorf("target: sending WELCOME: %w", err)
+	}
+	return nil
+}
+
+// Work request ID of the signaled REJECT.
+const wrLogin = 1<<62 + 1
+
+// sendLogin sends the first n bytes of the login area, unsignaled: the
+// area is next written after the initiator answered, when the Send is
+// long gone.
+func (q *qconn) sendLogin(n int) error {
+	_, err := q.qp.PostSend(rnic.SendWR{Op: rnic.WRSend, Unsignaled: true, SGL: []rnic.SGE{q.txSGE(q.loginArea(), n)}})
+	if err != nil {
+		return fmt.Errorf("target: login send: %w", err)
+	}
+	return nil
+}
+
+// reject sends REJECT and closes the connection.
+func (q *qconn) reject(le *loginError) {
+	m, err := blockproto.EncodeResponse(q.txArea(q.loginArea()), &blockproto.ResponseFields{Op: blockproto.OpReject,
+		Status: le.status, Value: le.value, Detail: le.detail})
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), q.t.cfg.LoginTimeout)
+	defer cancel()
+	if _, err := q.qp.PostSend(rnic.SendWR{ID: wrLogin, Op: rnic.WRSend, SGL: []rnic.SGE{q.txSGE(q.loginArea(), len(m))}}); err != nil {
+		return
+	}
+	// Wait for the REJECT to leave before closing; ignore anything the
+	// initiator still sends.
+	var wc [1]rnic.WC
+	for {
+		if _, err := q.cq.Wait(ctx, wc[:]); err != nil || wc[0].Status != rnic.StatusSuccess || wc[0].ID == wrLogin && wc[0].Op != rnic.WRRecv {
+			break
+		}
+	}
+	if q.qp.State() == rnic.StateRTS {
+		q.qp.Modify(rnic.StateClosing, rnic.ModifyAttrs{})
+	}
+}

@@ -1,0 +1,85 @@
+package target
+
+import (
+	"context"
+	"sync"
+)
+
+// session is one initiator's login to one volume: a reservation slot and
+// the QPs that joined it. Any of its QPs failing ends the whole session.
+type session struct {
+	t    *Target
+	id   uint64
+	name string // initiator
+	vol  *volume
+	slot uint8
+
+	mu      sync.Mutex
+	qps     []*qconn
+	ended   bool
+	endOnce sync.Once
+}
+
+// addQP adds a logged-in QP; false if the session ended or is full.
+func (s *session) addQP(q *qconn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended || len(s.qps) >= s.t.cfg.MaxQPsPerSession {
+		return false
+	}
+	s.qps = append(s.qps, q)
+	q.sess = s
+	return true
+}
+
+// end tears the session down: every QP, then the locks and reservation
+// it held (bumping the fence), its slot, its volume reference.
+func (s *session) end(reason string) {
+	s.endOnce.Do(func() {
+		t := s.t
+		s.mu.Lock()
+		s.ended = true
+		qps := s.qps
+		s.mu.Unlock()
+		t.mu.Lock()
+		delete(t.sessions, s.id)
+		t.mu.Unlock()
+		var wg sync.WaitGroup
+		for _, q := range qps {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				q.down()
+			}()
+		}
+		wg.Wait()
+		t.m.QPsActive.Add(-int64(len(qps)))
+		cleared := s.vol.releaseSlot(s.slot)
+		t.m.LocksCleared.Add(uint64(cleared))
+		t.releaseVolume(s.vol)
+		t.m.SessionsActive.Add(-1)
+		t.log.Info("session ended", "session", s.id, "initiator", s.name, "volume", s.vol.name, "reason", reason,
+			"locks_cleared", cleared)
+	})
+}
+
+// goodbye says GOODBYE on every QP (Shutdown, after the drain and flush)
+// and closes them gracefully.
+func (s *session) goodbye(ctx context.Context, synced bool) {
+	s.mu.Lock()
+	qps := append([]*qconn(nil), s.qps...)
+	s.mu.Unlock()
+	detail := "target shutting down; acknowledged writes are durable"
+	if !synced {
+		detail = "target shutting down"
+	}
+	var wg sync.WaitGroup
+	for _, q := range qps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			q.sayGoodbye(ctx, synced, detail)
+		}()
+	}
+	wg.Wait()
+}

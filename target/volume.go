@@ -1,0 +1,259 @@
+package target
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/rnic-dev/rnic/blockproto"
+	"github.com/rnic-dev/rnic/store"
+)
+
+// numStripes is the number of block-lock stripes per volume.
+const numStripes = 1024
+
+// volume is an exported volume: the store handle, the lock table and the
+// sessions logged in to it. It lives while sessions use it.
+type volume struct {
+	name     string
+	v        store.Volume
+	info     store.VolumeInfo
+	readOnly bool
+	refs     int // sessions (under Target.mu)
+
+	// words is the lock table (blockproto layout); mem is the same memory
+	// as bytes, registered for every session's QPs.
+	words []uint64
+	mem   []byte
+
+	// fence orders mutating commands (read-locked around check and store
+	// write) against session clean-up (write-locked); floor is the fence
+	// floor F of the protocol, written under the write lock.
+	fence sync.RWMutex
+	floor uint64
+
+	mu    sync.Mutex
+	slots [blockproto.MaxSlot + 1]*session
+
+	stripes [numStripes]sync.RWMutex
+}
+
+func newVolume(name string, v store.Volume, readOnly bool, locks uint32) *volume {
+	words := make([]uint64, blockproto.LockTableLen(locks)/8)
+	vol := &volume{name: name, v: v, info: v.Info(), readOnly: readOnly, words: words,
+		mem: unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)}
+	// Tokens of an earlier incarnation of the target (or of this volume
+	// state) are below the wall clock, so they start out stale.
+	g := uint64(time.Now().UnixNano())
+	atomic.StoreUint64(&words[blockproto.WordGeneration], g)
+	vol.floor = g
+	return vol
+}
+
+// takeSlot assigns a free reservation slot to s.
+func (vol *volume) takeSlot(s *session) bool {
+	vol.mu.Lock()
+	defer vol.mu.Unlock()
+	for i := range vol.slots {
+		if vol.slots[i] == nil {
+			vol.slots[i] = s
+			s.slot = uint8(i)
+			return true
+		}
+	}
+	return false
+}
+
+// holder returns the session in slot i (nil if none).
+func (vol *volume) holder(i uint8) *session {
+	if i > blockproto.MaxSlot {
+		return nil
+	}
+	vol.mu.Lock()
+	defer vol.mu.Unlock()
+	return vol.slots[i]
+}
+
+// releaseSlot clears slot i from the reservation word and every numbered
+// lock it holds, bumps the generation (raising the fence floor) if it
+// cleared anything, and frees the slot. It returns how many locks and
+// reservations it cleared.
+func (vol *volume) releaseSlot(i uint8) int {
+	vol.fence.Lock()
+	cleared := 0
+	rw := &vol.words[blockproto.WordReservation]
+	for {
+		old := atomic.LoadUint64(rw)
+		r := blockproto.Reservation(old)
+		if !r.Holds(i) {
+			break
+		}
+		if atomic.CompareAndSwapUint64(rw, old, uint64(r.Without(i))) {
+			cleared++
+			break
+		}
+	}
+	for k := blockproto.FirstLockWord; k < len(vol.words); k++ {
+		w := &vol.words[k]
+		for {
+			old := atomic.LoadUint64(w)
+			if s, held := blockproto.LockHolder(old); !held || s != i {
+				break
+			}
+			if atomic.CompareAndSwapUint64(w, old, 0) {
+				cleared++
+				break
+			}
+		}
+	}
+	if cleared > 0 {
+		vol.floor = atomic.AddUint64(&vol.words[blockproto.WordGeneration], 1)
+	}
+	vol.fence.Unlock()
+	vol.mu.Lock()
+	vol.slots[i] = nil
+	vol.mu.Unlock()
+	return cleared
+}
+
+// mutationCheck is the outcome of the reservation and fencing checks.
+type mutationCheck struct {
+	status blockproto.Status
+	value  uint64
+	detail string
+}
+
+// checkMutation applies the reservation and fencing rules for a command
+// from slot with token. The caller holds vol.fence read-locked.
+func (vol *volume) checkMutation(slot uint8, token uint64) mutationCheck {
+	if vol.readOnly {
+		return mutationCheck{status: blockproto.StatusReadOnly, detail: "volume " + vol.name + " is read-only"}
+	}
+	r := blockproto.Reservation(atomic.LoadUint64(&vol.words[blockproto.WordReservation]))
+	if !r.WriteAllowed(slot) {
+		c := mutationCheck{status: blockproto.StatusReserved, value: uint64(r)}
+		if h, ok := r.FirstHolder(); ok {
+			if s := vol.holder(h); s != nil {
+				c.detail = s.name
+			}
+		}
+		return c
+	}
+	if token != 0 {
+		gen := atomic.LoadUint64(&vol.words[blockproto.WordGeneration])
+		if blockproto.Stale(token, vol.floor, gen) {
+			return mutationCheck{status: blockproto.StatusStaleToken, value: vol.floor,
+				detail: fmt.Sprintf("token %d, fence floor %d", token, vol.floor)}
+		}
+	}
+	return mutationCheck{}
+}
+
+// stripeRange locks the block stripes of blocks [first, first+count):
+// exclusively the stripes of partial edge blocks (read-modify-write), shared
+// the others, always in ascending stripe order.
+type stripeRange struct {
+	vol          *volume
+	first, count uint64
+	wFirst       int // stripe locked exclusively for a partial first block, or -1
+	wLast        int // same for the last block
+}
+
+func (vol *volume) lockBlocks(first, count uint64, partialFirst, partialLast bool) stripeRange {
+	r := stripeRange{vol: vol, first: first, count: count, wFirst: -1, wLast: -1}
+	if count == 0 {
+		return r
+	}
+	if partialFirst {
+		r.wFirst = int(first % numStripes)
+	}
+	if partialLast {
+		r.wLast = int((first + count - 1) % numStripes)
+	}
+	r.each(func(m *sync.RWMutex, excl bool) {
+		if excl {
+			m.Lock()
+		} else {
+			m.RLock()
+		}
+	})
+	return r
+}
+
+func (r stripeRange) unlock() {
+	if r.count == 0 {
+		return
+	}
+	r.each(func(m *sync.RWMutex, excl bool) {
+		if excl {
+			m.Unlock()
+		} else {
+			m.RUnlock()
+		}
+	})
+}
+
+// each visits the stripes of the range once each, in ascending order.
+func (r stripeRange) each(f func(m *sync.RWMutex, excl bool)) {
+	visit := func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			f(&r.vol.stripes[i], i == r.wFirst || i == r.wLast)
+		}
+	}
+	if r.count >= numStripes {
+		visit(0, numStripes)
+		return
+	}
+	a := int(r.first % numStripes)
+	b := a + int(r.count)
+	if b <= numStripes {
+		visit(a, b)
+		return
+	}
+	visit(0, b-numStripes)
+	visit(a, numStripes)
+}
+
+// openVolume returns the exported volume name, opening it on first use.
+func (t *Target) openVolume(ctx context.Context, name string) (*volume, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if vol, ok := t.vols[name]; ok {
+		vol.refs++
+		return vol, nil
+	}
+	v, err := t.cfg.Store.OpenVolume(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("target: open volume %q: %w", name, err)
+	}
+	ro := t.cfg.ReadOnly != nil && t.cfg.ReadOnly(name)
+	vol := newVolume(name, v, ro, t.cfg.Locks)
+	vol.refs = 1
+	t.vols[name] = vol
+	return vol, nil
+}
+
+// releaseVolume drops a session's reference; the last one closes the
+// store handle (after a flush).
+func (t *Target) releaseVolume(vol *volume) {
+	t.mu.Lock()
+	vol.refs--
+	last := vol.refs == 0
+	if last {
+		delete(t.vols, vol.name)
+	}
+	t.mu.Unlock()
+	if last {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := vol.v.Flush(ctx); err != nil {
+			t.log.Error("flushing volume at last logout", "volume", vol.name, "err", err)
+		}
+		cancel()
+		if err := vol.v.Close(); err != nil {
+			t.log.Error("closing volume", "volume", vol.name, "err", err)
+		}
+	}
+}

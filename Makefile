@@ -1,8 +1,9 @@
 # The two commands of the README:
 #   make run    a target (embedded badger store) and an initiator exporting it over NBD on loopback
 #   make test   everything CI checks (installs the Debian packages it needs first)
-GO ?= go
-export PATH := $(PATH):/usr/local/go/bin
+SHELL := /bin/bash
+GO ?= $(shell ./.ci/ensure-go)
+export PATH := /usr/local/go/bin:$(PATH)
 
 .PHONY: all build test deps vet run
 
@@ -10,6 +11,13 @@ all: build
 
 build:
 	$(GO) build -o bin/ ./cmd/...
+
+# make run: rtarget with the embedded badger store (./rtarget-data, volume
+# "demo" of 1 GiB, created on first run) and rinit exporting it over NBD on
+# 127.0.0.1:10809. Ctrl-C stops both (the target drains and syncs).
+RUN_VOLUME ?= demo:1G
+run: build
+	@RUN_VOLUME=$(RUN_VOLUME) ./.ci/demo
 
 deps:
 	@./.ci/deps

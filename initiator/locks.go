@@ -214,3 +214,54 @@ func (r *Reservation) Release(ctx context.Context) error {
 		}
 	}
 }
+
+// LockHolder reports who holds numbered lock n: the holder's initiator name
+// and true, or "" and false if the lock is free. It reads the lock word with
+// a Fetch-and-Add of zero, which changes nothing.
+func (c *Client) LockHolder(ctx context.Context, n uint32) (string, bool, error) {
+	var name string
+	var held bool
+	err := c.retry(ctx, func(s *session) error {
+		if n >= s.lockCount {
+			return fmt.Errorf("%w: lock %d, the volume has %d", ErrInvalid, n, s.lockCount)
+		}
+		w, err := s.atomic(ctx, rnic.WRFetchAdd, blockproto.LockOffset(n), 0, 0)
+		if err != nil {
+			return err
+		}
+		h, ok := blockproto.LockHolder(w)
+		if !ok {
+			name, held = "", false
+			return nil
+		}
+		held = true
+		name, err = s.holderName(ctx, h)
+		return err
+	})
+	return name, held, err
+}
+
+// ReservationHolders reports the volume reservation: whether it is
+// exclusive, and the initiator names of its holders (none: free).
+func (c *Client) ReservationHolders(ctx context.Context) (exclusive bool, holders []string, err error) {
+	err = c.retry(ctx, func(s *session) error {
+		w, err := s.atomic(ctx, rnic.WRFetchAdd, blockproto.WordOffset(blockproto.WordReservation), 0, 0)
+		if err != nil {
+			return err
+		}
+		r := blockproto.Reservation(w)
+		exclusive, holders = r.IsExclusive(), nil
+		for slot := uint8(0); slot <= blockproto.MaxSlot; slot++ {
+			if !r.Holds(slot) {
+				continue
+			}
+			name, err := s.holderName(ctx, slot)
+			if err != nil {
+				return err
+			}
+			holders = append(holders, name)
+		}
+		return nil
+	})
+	return exclusive, holders, err
+}

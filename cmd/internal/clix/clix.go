@@ -1,0 +1,223 @@
+// Package clix holds what rtarget and rinit share on the command line:
+// sizes like 512M, the config file, logging flags and the pre-shared secret.
+//
+// Config file format: one "key = value" per line, where key is a long flag
+// name of the command (without dashes); '#' starts a comment; a repeatable
+// flag may appear on several lines. Values may be quoted with double
+// quotes. Precedence, highest first: command-line flag, environment
+// variable, config file, default.
+package clix
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+)
+
+// ParseSize parses a byte count: a number with an optional K, M, G, T or P
+// suffix (powers of 1024, an optional trailing "B" or "iB" is accepted).
+func ParseSize(s string) (int64, error) {
+	t := strings.TrimSpace(strings.ToUpper(s))
+	t = strings.TrimSuffix(strings.TrimSuffix(t, "IB"), "B")
+	mult := int64(1)
+	if n := len(t); n > 0 {
+		switch t[n-1] {
+		case 'K':
+			mult = 1 << 10
+		case 'M':
+			mult = 1 << 20
+		case 'G':
+			mult = 1 << 30
+		case 'T':
+			mult = 1 << 40
+		case 'P':
+			mult = 1 << 50
+		}
+		if mult > 1 {
+			t = t[:n-1]
+		}
+	}
+	v, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || v <= 0 {
+		return 0, fmt.Errorf("invalid size %q (want a positive number with an optional K, M, G or T suffix, e.g. 512M)", s)
+	}
+	if v > (1<<62)/mult {
+		return 0, fmt.Errorf("size %q is too large", s)
+	}
+	return v * mult, nil
+}
+
+// FormatSize renders n bytes in the largest unit that divides it exactly,
+// or with one decimal otherwise.
+func FormatSize(n int64) string {
+	units := []string{"", "K", "M", "G", "T", "P"}
+	for i := len(units) - 1; i > 0; i-- {
+		u := int64(1) << (10 * i)
+		if n >= u {
+			if n%u == 0 {
+				return fmt.Sprintf("%d%s", n/u, units[i])
+			}
+			return fmt.Sprintf("%.1f%s", float64(n)/float64(u), units[i])
+		}
+	}
+	return fmt.Sprintf("%dB", n)
+}
+
+// ConfigFlag is the --config flag.
+func ConfigFlag(envPrefix string) cli.Flag {
+	return &cli.StringFlag{Name: "config", Usage: "read flags from `FILE` (key = value lines, keys are flag names)",
+		EnvVars: []string{envPrefix + "CONFIG"}}
+}
+
+// LoadConfig sets, from the file named by --config, every flag the command
+// line and the environment left unset. Unknown keys are errors.
+func LoadConfig(c *cli.Context) error {
+	path := c.String("config")
+	if path == "" {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+	kv, err := ParseConfig(f)
+	if err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	known := map[string]bool{}
+	for _, fl := range c.Command.Flags {
+		for _, n := range fl.Names() {
+			known[n] = true
+		}
+	}
+	// Decide first which keys the command line or the environment set:
+	// those win, and a repeatable key may then take several lines.
+	external := map[string]bool{}
+	for _, e := range kv {
+		if !known[e.Key] {
+			return fmt.Errorf("config %s:%d: unknown setting %q for %s", path, e.Line, e.Key, c.Command.FullName())
+		}
+		external[e.Key] = c.IsSet(e.Key)
+	}
+	for _, e := range kv {
+		if external[e.Key] {
+			continue
+		}
+		if err := c.Set(e.Key, e.Value); err != nil {
+			return fmt.Errorf("config %s:%d: %s: %w", path, e.Line, e.Key, err)
+		}
+	}
+	return nil
+}
+
+// Entry is one config file setting.
+type Entry struct {
+	Key, Value string
+	Line       int
+}
+
+// ParseConfig reads "key = value" lines.
+func ParseConfig(r io.Reader) ([]Entry, error) {
+	var out []Entry
+	sc := bufio.NewScanner(r)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			return nil, fmt.Errorf("line %d: want key = value", n)
+		}
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if strings.HasPrefix(v, `"`) {
+			u, err := strconv.Unquote(v)
+			if err != nil {
+				return nil, fmt.Errorf("line %d: bad quoted value: %w", n, err)
+			}
+			v = u
+		} else if i := strings.Index(v, " #"); i >= 0 {
+			v = strings.TrimSpace(v[:i])
+		}
+		out = append(out, Entry{Key: k, Value: v, Line: n})
+	}
+	return out, sc.Err()
+}
+
+// LogFlags are --log-format and --log-level.
+func LogFlags(envPrefix string) []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "log-format", Value: "text", Usage: "log format: text or json", EnvVars: []string{envPrefix + "LOG_FORMAT"}},
+		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "log level: debug, info, warn or error", EnvVars: []string{envPrefix + "LOG_LEVEL"}},
+	}
+}
+
+// Logger builds the logger the log flags ask for, writing to w.
+func Logger(c *cli.Context, w io.Writer) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.String("log-level"))); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.String("log-level"))
+	}
+	o := &slog.HandlerOptions{Level: lvl}
+	switch c.String("log-format") {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, o)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, o)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", c.String("log-format"))
+}
+
+// InsecureSecret is the secret both sides use when none is configured. It
+// is public: the login exchange then proves nothing, which is why rtarget
+// accepts it only on loopback listeners unless --insecure is given.
+const InsecureSecret = "rnic-insecure-no-secret-configured"
+
+// ReadSecret reads a secret file (surrounding whitespace is trimmed). An
+// empty path gives the insecure default.
+func ReadSecret(path string) ([]byte, bool, error) {
+	if path == "" {
+		return []byte(InsecureSecret), false, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, false, fmt.Errorf("secret file: %w", err)
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return nil, false, fmt.Errorf("secret file %s is empty", path)
+	}
+	return []byte(s), true, nil
+}
+
+// IsLoopback reports whether a listen address binds only to loopback.
+func IsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// Exit prints err as one line, prefixed by the program name, and exits 1.
+func Exit(prog string, err error) {
+	var ee cli.ExitCoder
+	if errors.As(err, &ee) && ee.ExitCode() == 0 {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "%s: %v\n", prog, err)
+	os.Exit(1)
+}

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/rnic-dev/rnic/cmd/internal/clix"
+	"github.com/rnic-dev/rnic/initiator"
+)
+
+func infoCommand() *cli.Command {
+	return &cli.Command{
+		Name:   "info",
+		Usage:  "show the volume's geometry and reservation",
+		Flags:  sessionFlags(),
+		Before: clix.LoadConfig,
+		Action: func(c *cli.Context) error {
+			log, err := clix.Logger(c, os.Stderr)
+			if err != nil {
+				return err
+			}
+			cl, err := connect(c, log)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+			defer cancel()
+			excl, holders, err := cl.ReservationHolders(ctx)
+			if err != nil {
+				return fmt.Errorf("reservation: %w", err)
+			}
+			w := c.App.Writer
+			fmt.Fprintf(w, "target:      %s\n", c.String("target"))
+			fmt.Fprintf(w, "volume:      %s\n", c.String("volume"))
+			fmt.Fprintf(w, "size:        %d bytes (%s)\n", cl.Size(), clix.FormatSize(cl.Size()))
+			fmt.Fprintf(w, "block size:  4096 (NBD minimum 512)\n")
+			fmt.Fprintf(w, "read-only:   %v\n", cl.ReadOnly())
+			fmt.Fprintf(w, "reservation: %s\n", describeReservation(excl, holders))
+			return nil
+		},
+	}
+}
+
+func describeReservation(excl bool, holders []string) string {
+	switch {
+	case len(holders) == 0:
+		return "none"
+	case excl:
+		return "exclusive, held by initiator " + holders[0]
+	}
+	return "shared, held by initiators " + strings.Join(holders, ", ")
+}
+
+func lockCommand() *cli.Command {
+	lockFlags := func(extra ...cli.Flag) []cli.Flag {
+		fl := append(sessionFlags(),
+			&cli.IntFlag{Name: "lock", Value: -1, Usage: "numbered lock `N` (0 .. the volume's lock count - 1)", EnvVars: []string{"RINIT_LOCK"}},
+			&cli.BoolFlag{Name: "exclusive", Usage: "the volume reservation, exclusive: only this initiator may write"},
+			&cli.BoolFlag{Name: "shared", Usage: "the volume reservation, shared: nobody may write"},
+		)
+		return append(fl, extra...)
+	}
+	return &cli.Command{
+		Name:  "lock",
+		Usage: "take or inspect numbered locks and the volume reservation",
+		Description: "Locks live in the target's lock table and are taken with RDMA atomics (Compare-and-Swap).\n" +
+			"A lock belongs to the session that took it: it is released when that session unlocks it or\n" +
+			"ends (the target then clears it and advances the fencing generation).",
+		Subcommands: []*cli.Command{
+			{
+				Name:  "acquire",
+				Usage: "take a lock (--lock N) or the reservation (--exclusive/--shared) and hold it",
+				Description: "Holds until SIGINT/SIGTERM or --hold elapses, then releases. Prints the fencing token.\n" +
+					"Fails at once, naming the holder, if someone else holds it (unless --wait).",
+				Flags: lockFlags(
+					&cli.DurationFlag{Name: "hold", Usage: "release after this long (default: until interrupted)"},
+					&cli.BoolFlag{Name: "wait", Usage: "wait for a held lock instead of failing"},
+				),
+				Before: clix.LoadConfig,
+				Action: lockAcquire,
+			},
+			{
+				Name:   "status",
+				Usage:  "show who holds a lock (--lock N) or the reservation",
+				Flags:  lockFlags(),
+				Before: clix.LoadConfig,
+				Action: lockStatus,
+			},
+		},
+	}
+}
+
+func lockTarget(c *cli.Context) (lock int, reserve, exclusive bool, err error) {
+	n := 0
+	if c.Int("lock") >= 0 {
+		n++
+	}
+	if c.Bool("exclusive") {
+		n++
+	}
+	if c.Bool("shared") {
+		n++
+	}
+	if n != 1 && c.Command.Name == "acquire" {
+		return 0, false, false, fmt.Errorf("give exactly one of --lock N, --exclusive, --shared")
+	}
+	return c.Int("lock"), c.Bool("exclusive") || c.Bool("shared"), c.Bool("exclusive"), nil
+}
+
+func lockAcquire(c *cli.Context) error {
+	n, reserve, excl, err := lockTarget(c)
+	if err != nil {
+		return err
+	}
+	log, err := clix.Logger(c, os.Stderr)
+	if err != nil {
+		return err
+	}
+	cl, err := connect(c, log)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if d := c.Duration("hold"); d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
+	w := c.App.Writer
+	var release func(context.Context) error
+	if reserve {
+		r, err := cl.Reserve(ctx, excl)
+		if err != nil {
+			return err
+		}
+		mode := "shared"
+		if excl {
+			mode = "exclusive"
+		}
+		tok, err := cl.Token(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "reservation %s acquired, fencing token %d\n", mode, tok)
+		release = r.Release
+	} else {
+		var l *initiator.Lock
+		if c.Bool("wait") {
+			l, err = cl.Lock(ctx, uint32(n))
+		} else {
+			l, err = cl.TryLock(ctx, uint32(n))
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "lock %d acquired, fencing token %d\n", n, l.Token())
+		release = l.Unlock
+	}
+	<-ctx.Done()
+	rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := release(rctx); err != nil {
+		return fmt.Errorf("release: %w", err)
+	}
+	fmt.Fprintln(w, "released")
+	return nil
+}
+
+func lockStatus(c *cli.Context) error {
+	n, _, _, err := lockTarget(c)
+	if err != nil {
+		return err
+	}
+	log, err := clix.Logger(c, os.Stderr)
+	if err != nil {
+		return err
+	}
+	cl, err := connect(c, log)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+	defer cancel()
+	w := c.App.Writer
+	if n >= 0 {
+		name, held, err := cl.LockHolder(ctx, uint32(n))
+		if err != nil {
+			return err
+		}
+		if held {
+			fmt.Fprintf(w, "lock %d: held by initiator %s\n", n, name)
+		} else {
+			fmt.Fprintf(w, "lock %d: free\n", n)
+		}
+		return nil
+	}
+	excl, holders, err := cl.ReservationHolders(ctx)
+	if err != nil {
+		return err
+	}
+	if len(holders) > 0 && excl {
+		fmt.Fprintf(w, "volume reserved by initiator %s (exclusive)\n", holders[0])
+		return nil
+	}
+	fmt.Fprintf(w, "reservation: %s\n", describeReservation(excl, holders))
+	return nil
+}

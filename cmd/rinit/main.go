@@ -1,0 +1,74 @@
+// Command rinit is the initiator of the rnic block service: it logs in to an
+// rtarget volume over a software iWARP RNIC and exports it to NBD clients
+// (qemu, nbdfuse, fio, the Linux nbd driver), or inspects and locks it.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/rnic-dev/rnic/cmd/internal/clix"
+	"github.com/rnic-dev/rnic/initiator"
+)
+
+func main() {
+	if err := app().Run(os.Args); err != nil {
+		clix.Exit("rinit", err)
+	}
+}
+
+func app() *cli.App {
+	return &cli.App{
+		Name:  "rinit",
+		Usage: "use an rtarget volume: export it over NBD, inspect it, lock it",
+		Description: "rinit logs in to a volume of an rtarget and moves its data with RDMA Read and Write.\n\n" +
+			"Every flag can also be set with an environment variable (RINIT_<FLAG>) or a config file (--config).",
+		HideHelpCommand: true,
+		Commands:        []*cli.Command{nbdCommand(), attachCommand(), infoCommand(), lockCommand()},
+	}
+}
+
+// sessionFlags are the flags of every command that logs in to a volume.
+func sessionFlags() []cli.Flag {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "rinit"
+	}
+	fl := []cli.Flag{
+		clix.ConfigFlag("RINIT_"),
+		&cli.StringFlag{Name: "target", Value: "127.0.0.1:4420", Usage: "rtarget address HOST:PORT", EnvVars: []string{"RINIT_TARGET"}},
+		&cli.StringFlag{Name: "volume", Usage: "volume name (required)", EnvVars: []string{"RINIT_VOLUME"}},
+		&cli.StringFlag{Name: "secret-file", Usage: "file holding the pre-shared secret (default: the target's insecure default)",
+			EnvVars: []string{"RINIT_SECRET_FILE"}},
+		&cli.StringFlag{Name: "name", Value: host, Usage: "initiator name shown to the target and to other initiators",
+			EnvVars: []string{"RINIT_NAME"}},
+		&cli.IntFlag{Name: "qps", Value: 2, Usage: "RNIC queue pairs per session", EnvVars: []string{"RINIT_QPS"}},
+		&cli.IntFlag{Name: "queue-depth", Value: 32, Usage: "commands in flight per queue pair", EnvVars: []string{"RINIT_QUEUE_DEPTH"}},
+		&cli.DurationFlag{Name: "timeout", Value: 15 * time.Second, Usage: "connect and login timeout", EnvVars: []string{"RINIT_TIMEOUT"}},
+	}
+	return append(fl, clix.LogFlags("RINIT_")...)
+}
+
+// connect logs in to the volume the flags name.
+func connect(c *cli.Context, log *slog.Logger) (*initiator.Client, error) {
+	if c.String("volume") == "" {
+		return nil, fmt.Errorf("--volume is required")
+	}
+	secret, _, err := clix.ReadSecret(c.String("secret-file"))
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+	defer cancel()
+	cl, err := initiator.Connect(ctx, initiator.Config{Addr: c.String("target"), Volume: c.String("volume"),
+		Initiator: c.String("name"), Secret: secret, Logger: log, QPs: c.Int("qps"), QueueDepth: c.Int("queue-depth")})
+	if err != nil {
+		return nil, fmt.Errorf("connect %s volume %s: %w", c.String("target"), c.String("volume"), err)
+	}
+	return cl, nil
+}

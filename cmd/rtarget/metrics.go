@@ -1,0 +1,78 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/rnic-dev/rnic/store"
+	"github.com/rnic-dev/rnic/target"
+)
+
+// metricsHandler serves /metrics (Prometheus text exposition format 0.0.4)
+// and /healthz.
+func metricsHandler(t *target.Target, st store.Store, log *slog.Logger) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if _, err := st.ListVolumes(ctx); err != nil {
+			http.Error(w, "store: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		bw := bufio.NewWriter(w)
+		writeMetrics(bw, t.Metrics())
+		if err := bw.Flush(); err != nil {
+			log.Debug("metrics write", "err", err)
+		}
+	})
+	return mux
+}
+
+func writeMetrics(w *bufio.Writer, m *target.Metrics) {
+	gauge := func(name, help string, v int64) {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n%s %d\n", name, help, name, name, v)
+	}
+	counter := func(name, help string, v uint64) {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", name, help, name, name, v)
+	}
+	gauge("rtarget_sessions", "Sessions logged in now.", m.SessionsActive.Load())
+	counter("rtarget_sessions_total", "Sessions created.", m.SessionsTotal.Load())
+	gauge("rtarget_qps", "Logged-in queue pairs now.", m.QPsActive.Load())
+	counter("rtarget_login_failures_total", "Logins refused.", m.LoginFailures.Load())
+	counter("rtarget_protocol_errors_total", "Sessions ended for a protocol violation.", m.ProtocolErrors.Load())
+	counter("rtarget_read_bytes_total", "Bytes read by initiators.", m.BytesRead.Load())
+	counter("rtarget_written_bytes_total", "Bytes written by initiators.", m.BytesWrit.Load())
+	counter("rtarget_stale_tokens_total", "Commands refused for a stale fencing token.", m.StaleTokens.Load())
+	counter("rtarget_reserved_refusals_total", "Commands refused for another session's reservation.", m.ReservedFails.Load())
+	counter("rtarget_read_lease_expired_total", "READ buffers revoked without RELEASE.", m.LeaseExpired.Load())
+	counter("rtarget_locks_cleared_total", "Locks and reservations cleared at session end.", m.LocksCleared.Load())
+	fmt.Fprintf(w, "# HELP rtarget_ops_total Commands completed.\n# TYPE rtarget_ops_total counter\n")
+	for k := target.OpKind(0); k < target.NumOps; k++ {
+		fmt.Fprintf(w, "rtarget_ops_total{op=%q} %d\n", k.String(), m.Ops[k].Load())
+	}
+	fmt.Fprintf(w, "# HELP rtarget_op_errors_total Commands answered with an error status.\n# TYPE rtarget_op_errors_total counter\n")
+	for k := target.OpKind(0); k < target.NumOps; k++ {
+		fmt.Fprintf(w, "rtarget_op_errors_total{op=%q} %d\n", k.String(), m.Errors[k].Load())
+	}
+	fmt.Fprintf(w, "# HELP rtarget_op_seconds Command latency, arrival to answer.\n# TYPE rtarget_op_seconds histogram\n")
+	for k := target.OpKind(0); k < target.NumOps; k++ {
+		h := &m.Latency[k]
+		var cum uint64
+		for i, b := range target.LatencyBuckets {
+			cum += h.Buckets[i].Load()
+			fmt.Fprintf(w, "rtarget_op_seconds_bucket{op=%q,le=\"%g\"} %d\n", k.String(), b.Seconds(), cum)
+		}
+		cum += h.Buckets[len(target.LatencyBuckets)].Load()
+		fmt.Fprintf(w, "rtarget_op_seconds_bucket{op=%q,le=\"+Inf\"} %d\n", k.String(), cum)
+		fmt.Fprintf(w, "rtarget_op_seconds_sum{op=%q} %g\n", k.String(), float64(h.SumNs.Load())/1e9)
+		fmt.Fprintf(w, "rtarget_op_seconds_count{op=%q} %d\n", k.String(), h.Count.Load())
+	}
+}

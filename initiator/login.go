@@ -116,6 +116,9 @@ func (q *iqp) login(ctx context.Context, join bool) error {
 	}
 	q.setCredits(int(wf.Credits))
 	q.grants = append(q.grants[:0], wf.Grants...)
+	// The target registers the lock table once per QP, in that QP's
+	// protection domain: an atomic must name the STag of the QP it uses.
+	q.lockSTag = rnic.STag(wf.LockSTag)
 	return nil
 }
 

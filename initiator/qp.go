@@ -41,6 +41,8 @@ type iqp struct {
 	txMR    *rnic.MR
 	atomBuf []byte
 	atomMR  *rnic.MR
+	// lockSTag is the lock table's STag as registered for this QP.
+	lockSTag rnic.STag
 
 	slots []islot
 	free  chan int // free slot indexes

@@ -182,7 +182,7 @@ func (s *session) atomic(ctx context.Context, op rnic.WROp, off uint64, compare,
 		return 0, ctx.Err()
 	}
 	wr := rnic.SendWR{ID: idAtom | uint64(k), Op: op, Local: rnic.SGE{STag: q.atomMR.STag(), TO: uint64(k * 8), Len: 8},
-		Remote: rnic.RemoteAddr{STag: s.lockSTag, TO: s.lockTO + off}, AddSwap: swapAdd}
+		Remote: rnic.RemoteAddr{STag: q.lockSTag, TO: s.lockTO + off}, AddSwap: swapAdd}
 	if op == rnic.WRCmpSwap {
 		wr.Compare, wr.CompareMask, wr.AddSwapMask = compare, ^uint64(0), ^uint64(0)
 	}

@@ -1,0 +1,556 @@
+// Package e2e runs the built rtarget and rinit binaries as real processes
+// and drives them with real NBD clients from Debian packages (nbdinfo,
+// nbdcopy, qemu-io, fio, nbdfuse) and the kernel's loop device and ext4.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// bins builds rtarget and rinit once per test process.
+func bins(t *testing.T) (rtarget, rinit string) {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "rnic-e2e-bin")
+		if buildErr != nil {
+			return
+		}
+		out, err := exec.Command("go", "build", "-o", binDir, "github.com/rnic-dev/rnic/cmd/rtarget", "github.com/rnic-dev/rnic/cmd/rinit").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return filepath.Join(binDir, "rtarget"), filepath.Join(binDir, "rinit")
+}
+
+func needTools(t *testing.T, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		if _, err := exec.LookPath(n); err != nil {
+			t.Skipf("%s not installed (make deps installs it)", n)
+		}
+	}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// proc is a running binary with its combined output captured.
+type proc struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	out  bytes.Buffer
+	done chan error
+}
+
+func (p *proc) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.Write(b)
+}
+
+func (p *proc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+func start(t *testing.T, bin string, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, done: make(chan error, 1)}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = p, p
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		p.stop(syscall.SIGTERM, 30*time.Second)
+		if t.Failed() {
+			t.Logf("%s output:\n%s", filepath.Base(bin), p.output())
+		}
+	})
+	return p
+}
+
+// stop signals the process and waits for it; it returns its exit error.
+func (p *proc) stop(sig syscall.Signal, timeout time.Duration) error {
+	if p.cmd.ProcessState != nil {
+		return nil
+	}
+	p.cmd.Process.Signal(sig)
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return err
+	case <-time.After(timeout):
+		p.cmd.Process.Kill()
+		err := <-p.done
+		p.done <- err
+		p.t.Errorf("%s did not stop within %s after %s", p.cmd.Path, timeout, sig)
+		return err
+	}
+}
+
+// waitPort waits until addr accepts connections.
+func waitPort(t *testing.T, addr string, p *proc) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return
+		}
+		select {
+		case err := <-p.done:
+			p.done <- err
+			t.Fatalf("%s exited: %v\n%s", p.cmd.Path, err, p.output())
+		default:
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s not listening after 20s\n%s", addr, p.output())
+}
+
+// stack is rtarget + rinit nbd on loopback.
+type stack struct {
+	t              *testing.T
+	data           string
+	targetAddr     string
+	nbdAddr        string
+	metricsAddr    string
+	target, rinit_ *proc
+}
+
+func (s *stack) uri() string { return "nbd://" + s.nbdAddr + "/vol" }
+
+func newStack(t *testing.T, data string, extra ...string) *stack {
+	t.Helper()
+	rt, ri := bins(t)
+	s := &stack{t: t, data: data, targetAddr: freePort(t), nbdAddr: freePort(t), metricsAddr: freePort(t)}
+	args := append([]string{"serve", "--data", data, "--listen", s.targetAddr, "--volume", "vol:512M",
+		"--metrics-listen", s.metricsAddr}, extra...)
+	s.target = start(t, rt, args...)
+	waitPort(t, s.targetAddr, s.target)
+	s.rinit_ = start(t, ri, "nbd", "--target", s.targetAddr, "--volume", "vol", "--listen", s.nbdAddr, "--name", "e2e")
+	waitPort(t, s.nbdAddr, s.rinit_)
+	return s
+}
+
+func run(t *testing.T, timeout time.Duration, name string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func randomFile(t *testing.T, path string, size int) [32]byte {
+	t.Helper()
+	r := rand.NewChaCha8([32]byte{7})
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.New()
+	w := bufio.NewWriterSize(io.MultiWriter(f, h), 1<<20)
+	if _, err := io.CopyN(w, r, int64(size)); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return sum
+}
+
+func fileSum(t *testing.T, path string, n int64) [32]byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.CopyN(h, f, n); err != nil {
+		t.Fatal(err)
+	}
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return sum
+}
+
+// TestNBDClients runs every user-space NBD client against rinit -> rtarget
+// with the badger store on disk.
+func TestNBDClients(t *testing.T) {
+	needTools(t, "nbdinfo", "nbdcopy", "qemu-io", "fio")
+	s := newStack(t, t.TempDir())
+
+	t.Run("nbdinfo", func(t *testing.T) {
+		var info struct {
+			Exports []map[string]any `json:"exports"`
+		}
+		if err := json.Unmarshal([]byte(run(t, 30*time.Second, "nbdinfo", "--json", s.uri())), &info); err != nil {
+			t.Fatal(err)
+		}
+		e := info.Exports[0]
+		t.Logf("nbdinfo: size=%v flush=%v fua=%v trim=%v zero=%v multi_conn=%v min=%v pref=%v",
+			e["export-size"], e["can_flush"], e["can_fua"], e["can_trim"], e["can_zero"], e["can_multi_conn"],
+			e["block_size_minimum"], e["block_size_preferred"])
+		if e["export-size"] != float64(512<<20) {
+			t.Errorf("size %v", e["export-size"])
+		}
+		for _, k := range []string{"can_flush", "can_fua", "can_trim", "can_zero", "can_multi_conn"} {
+			if e[k] != true {
+				t.Errorf("%s = %v", k, e[k])
+			}
+		}
+		if e["block_size_minimum"] != float64(512) || e["block_size_preferred"] != float64(4096) {
+			t.Errorf("block sizes %v / %v", e["block_size_minimum"], e["block_size_preferred"])
+		}
+	})
+
+	t.Run("nbdcopy-256M", func(t *testing.T) {
+		dir := t.TempDir()
+		in, out := filepath.Join(dir, "in.img"), filepath.Join(dir, "out.img")
+		want := randomFile(t, in, 256<<20)
+		t0 := time.Now()
+		run(t, 5*time.Minute, "nbdcopy", "--flush", in, s.uri())
+		t1 := time.Now()
+		run(t, 5*time.Minute, "nbdcopy", s.uri(), out)
+		t.Logf("nbdcopy 256 MiB in %s (%.0f MB/s), out %s", t1.Sub(t0).Round(time.Millisecond),
+			256*1.048576/t1.Sub(t0).Seconds(), time.Since(t1).Round(time.Millisecond))
+		if got := fileSum(t, out, 256<<20); got != want {
+			t.Fatalf("image read back differs: %x != %x", got, want)
+		}
+	})
+
+	t.Run("qemu-io", func(t *testing.T) {
+		out := run(t, time.Minute, "qemu-io", "-f", "raw", s.uri(),
+			"-c", "write -P 0xab 300M 1M", "-c", "read -P 0xab 300M 1M",
+			"-c", "writev -P 0xcd 310M 4k 8k 512", "-c", "readv -P 0xcd 310M 4k 8k 512",
+			"-c", "aio_write -P 0x11 320M 64k", "-c", "aio_flush", "-c", "read -P 0x11 320M 64k",
+			"-c", "write -f -P 0x22 330M 4k", "-c", "read -P 0x22 330M 4k",
+			"-c", "discard 300M 1M", "-c", "read -P 0 300M 1M",
+			"-c", "write -z 310M 64k", "-c", "read -P 0 310M 64k", "-c", "flush")
+		if strings.Contains(out, "failed") || strings.Count(out, "read ") != 6 || strings.Count(out, "wrote ") != 5 {
+			t.Fatalf("qemu-io:\n%s", out)
+		}
+	})
+
+	t.Run("fio-verify", func(t *testing.T) {
+		out := run(t, 5*time.Minute, "fio", "--name=verify", "--ioengine=nbd", "--uri="+s.uri(), "--rw=randrw",
+			"--bs=4k", "--iodepth=32", "--size=128M", "--verify=crc32c", "--do_verify=1", "--verify_state_save=0",
+			"--output-format=json")
+		if i := strings.IndexByte(out, '{'); i > 0 {
+			out = out[i:]
+		}
+		var r struct {
+			Jobs []struct {
+				Error int `json:"error"`
+				Read  struct {
+					IOPS    float64 `json:"iops"`
+					IOBytes int64   `json:"io_bytes"`
+				} `json:"read"`
+				Write struct {
+					IOPS    float64 `json:"iops"`
+					IOBytes int64   `json:"io_bytes"`
+				} `json:"write"`
+			} `json:"jobs"`
+		}
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("fio output: %v\n%s", err, out)
+		}
+		j := r.Jobs[0]
+		t.Logf("fio randrw 4k QD32 verify=crc32c: error=%d read %.0f IOPS (%d MiB), write %.0f IOPS (%d MiB)",
+			j.Error, j.Read.IOPS, j.Read.IOBytes>>20, j.Write.IOPS, j.Write.IOBytes>>20)
+		if j.Error != 0 || j.Read.IOBytes == 0 || j.Write.IOBytes == 0 {
+			t.Fatalf("fio job: %+v", j)
+		}
+	})
+
+	t.Run("metrics", func(t *testing.T) {
+		resp, err := http.Get("http://" + s.metricsAddr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !bytes.Contains(b, []byte(`rtarget_ops_total{op="write"}`)) || !bytes.Contains(b, []byte("rtarget_sessions 1")) {
+			t.Fatalf("metrics:\n%s", b)
+		}
+		resp, err = http.Get("http://" + s.metricsAddr + "/healthz")
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("healthz: %v %v", err, resp)
+		}
+	})
+}
+
+// fuseDisk is the export as a block device: nbdfuse exposes it as a file,
+// losetup makes it /dev/loopN. Everything is undone at test end.
+type fuseDisk struct {
+	t    *testing.T
+	dir  string
+	loop string
+	mnt  string
+	fuse *proc
+}
+
+func attach(t *testing.T, uri, dir string) *fuseDisk {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := &fuseDisk{t: t, dir: dir}
+	pid := dir + ".pid"
+	os.Remove(pid)
+	d.fuse = start(t, "nbdfuse", "-P", pid, filepath.Join(dir, "disk"), uri)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(pid); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nbdfuse not ready\n%s", d.fuse.output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	d.loop = strings.TrimSpace(run(t, 30*time.Second, "losetup", "--find", "--show", filepath.Join(dir, "disk")))
+	t.Cleanup(d.detach)
+	return d
+}
+
+func (d *fuseDisk) mount(mnt string) {
+	os.MkdirAll(mnt, 0o755)
+	run(d.t, time.Minute, "mount", "-t", "ext4", d.loop, mnt)
+	d.mnt = mnt
+}
+
+func (d *fuseDisk) umount() {
+	run(d.t, 2*time.Minute, "umount", d.mnt)
+	d.mnt = ""
+}
+
+func (d *fuseDisk) detach() {
+	if d.mnt != "" {
+		exec.Command("umount", d.mnt).Run()
+		d.mnt = ""
+	}
+	if d.loop != "" {
+		exec.Command("losetup", "-d", d.loop).Run()
+		d.loop = ""
+	}
+	exec.Command("fusermount3", "-u", d.dir).Run()
+	d.fuse.stop(syscall.SIGTERM, 20*time.Second)
+}
+
+// TestExt4 makes an ext4 file system through nbdfuse and a loop device,
+// writes a file, unmounts, mounts again from a fresh nbdfuse, reads it
+// back, and checks the file system with e2fsck.
+func TestExt4(t *testing.T) {
+	needTools(t, "nbdfuse", "fusermount3", "losetup", "mkfs.ext4", "e2fsck", "mount", "umount")
+	s := newStack(t, t.TempDir())
+	work := t.TempDir()
+	data := make([]byte, 8<<20)
+	rand.NewChaCha8([32]byte{3}).Read(data)
+	d := attach(t, s.uri(), filepath.Join(work, "fuse1"))
+	run(t, 2*time.Minute, "mkfs.ext4", "-q", "-F", d.loop)
+	d.mount(filepath.Join(work, "mnt"))
+	if err := os.WriteFile(filepath.Join(d.mnt, "file"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d.umount()
+	d.detach()
+
+	d = attach(t, s.uri(), filepath.Join(work, "fuse2"))
+	d.mount(filepath.Join(work, "mnt"))
+	got, err := os.ReadFile(filepath.Join(d.mnt, "file"))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("file read back after remount differs (err %v)", err)
+	}
+	d.umount()
+	out := run(t, 2*time.Minute, "e2fsck", "-fn", d.loop)
+	t.Logf("e2fsck: %s", strings.TrimSpace(out[strings.LastIndex(strings.TrimSpace(out), "\n")+1:]))
+}
+
+// TestKill9Durability writes a file and fsyncs it through nbdfuse, kills
+// rtarget with SIGKILL, restarts it on the same data: the file is there.
+func TestKill9Durability(t *testing.T) {
+	needTools(t, "nbdfuse", "fusermount3", "losetup", "mkfs.ext4", "e2fsck", "mount", "umount", "sync")
+	dataDir := t.TempDir()
+	s := newStack(t, dataDir)
+	work := t.TempDir()
+	d := attach(t, s.uri(), filepath.Join(work, "fuse1"))
+	run(t, 2*time.Minute, "mkfs.ext4", "-q", "-F", d.loop)
+	d.mount(filepath.Join(work, "mnt"))
+	data := make([]byte, 4<<20)
+	rand.NewChaCha8([32]byte{9}).Read(data)
+	f, err := os.Create(filepath.Join(d.mnt, "durable"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write(data)
+	if err := f.Sync(); err != nil { // fsync: ext4 journal commit, FLUSH/FUA to the target
+		t.Fatal(err)
+	}
+	f.Close()
+	run(t, time.Minute, "sync", "-f", d.mnt)
+	// The target dies without a chance to sync anything, and comes back on
+	// the same data and address. rinit reconnects (replaying only requests
+	// that were never acknowledged), so the mounted file system goes on.
+	s.target.stop(syscall.SIGKILL, 10*time.Second)
+	rt, _ := bins(t)
+	s.target = start(t, rt, "serve", "--data", dataDir, "--listen", s.targetAddr, "--volume", "vol:512M")
+	waitPort(t, s.targetAddr, s.target)
+	got, err := os.ReadFile(filepath.Join(d.mnt, "durable"))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("file differs after the target restarted (err %v)", err)
+	}
+	d.umount()
+	d.detach()
+	s.rinit_.stop(syscall.SIGTERM, 30*time.Second)
+	s.target.stop(syscall.SIGKILL, 10*time.Second)
+
+	// A fresh stack on the same data: the file and the file system are whole.
+	s2 := newStack(t, dataDir)
+	d2 := attach(t, s2.uri(), filepath.Join(work, "fuse2"))
+	d2.mount(filepath.Join(work, "mnt"))
+	got, err = os.ReadFile(filepath.Join(d2.mnt, "durable"))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("fsynced file lost or changed after kill -9 (err %v, %d bytes)", err, len(got))
+	}
+	d2.umount()
+	out := run(t, 2*time.Minute, "e2fsck", "-fn", d2.loop)
+	t.Logf("e2fsck after kill -9 and restart: %s", lastLine(out))
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	return s[strings.LastIndex(s, "\n")+1:]
+}
+
+// TestVolumeImportExport copies an image in and out of a store offline.
+func TestVolumeImportExport(t *testing.T) {
+	rt, _ := bins(t)
+	data := t.TempDir()
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "in.img"), filepath.Join(dir, "out.img")
+	want := randomFile(t, in, 40<<20)
+	// Make part of it zero: import keeps it sparse.
+	f, _ := os.OpenFile(in, os.O_WRONLY, 0)
+	f.WriteAt(make([]byte, 8<<20), 16<<20)
+	f.Close()
+	want = fileSum(t, in, 40<<20)
+	res := run(t, 2*time.Minute, rt, "volume", "import", "--data", data, "img", in)
+	t.Logf("%s", strings.TrimSpace(res))
+	if !strings.Contains(res, "8M of zero blocks not stored") {
+		t.Errorf("import: %s", res)
+	}
+	list := run(t, time.Minute, rt, "volume", "list", "--data", data)
+	if !strings.Contains(list, "img") || !strings.Contains(list, "40M") {
+		t.Errorf("list:\n%s", list)
+	}
+	run(t, 2*time.Minute, rt, "volume", "export", "--data", data, "img", out)
+	if got := fileSum(t, out, 40<<20); got != want {
+		t.Fatal("exported image differs")
+	}
+	// An image larger than the volume is refused.
+	run(t, time.Minute, rt, "volume", "create", "--data", data, "small", "1M")
+	cmd := exec.Command(rt, "volume", "import", "--data", data, "small", in)
+	if b, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(b), "larger than volume") {
+		t.Fatalf("oversized import: %v %s", err, b)
+	}
+	run(t, time.Minute, rt, "volume", "delete", "--data", data, "small")
+}
+
+// TestReloadAndErrors: SIGHUP creates newly configured volumes; bad input
+// gives one-line errors and a non-zero exit.
+func TestReloadAndErrors(t *testing.T) {
+	rt, ri := bins(t)
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "rtarget.conf")
+	addr := freePort(t)
+	os.WriteFile(conf, []byte("# test\nlisten = "+addr+"\nstore = memory\nvolume = a:1M\n"), 0o644)
+	p := start(t, rt, "serve", "--config", conf)
+	waitPort(t, addr, p)
+	os.WriteFile(conf, []byte("listen = "+addr+"\nstore = memory\nvolume = a:1M\nvolume = b:2M\n"), 0o644)
+	p.cmd.Process.Signal(syscall.SIGHUP)
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(p.output(), "reloaded volumes") && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	out := run(t, 30*time.Second, ri, "info", "--target", addr, "--volume", "b")
+	if !strings.Contains(out, "size:        2097152") {
+		t.Fatalf("info after reload:\n%s", out)
+	}
+	for _, c := range []struct {
+		bin  string
+		args []string
+		want string
+	}{
+		{rt, []string{"serve", "--volume", "x:12Q"}, "invalid size"},
+		{rt, []string{"serve", "--listen", "0.0.0.0:0", "--store", "memory"}, "without --secret-file"},
+		{rt, []string{"serve", "--store", "nope"}, "want badger or memory"},
+		{rt, []string{"serve", "--config", "/nonexistent"}, "config"},
+		{ri, []string{"nbd", "--target", "127.0.0.1:1", "--volume", "v", "--listen", freePort(t)}, "connection refused"},
+		{ri, []string{"info", "--target", addr}, "--volume is required"},
+		{ri, []string{"info", "--target", addr, "--volume", "a", "--secret-file", "/nonexistent"}, "secret file"},
+		{ri, []string{"info", "--target", addr, "--volume", "nope"}, "volume"},
+	} {
+		b, err := exec.Command(c.bin, c.args...).CombinedOutput()
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		last := lines[len(lines)-1]
+		if err == nil || !strings.Contains(last, c.want) {
+			t.Errorf("%s %v: exit %v, last line %q (want %q)", filepath.Base(c.bin), c.args, err, last, c.want)
+		}
+	}
+	for _, args := range [][]string{{"--help"}, {"serve", "--help"}, {"volume", "--help"}, {"volume", "import", "--help"}} {
+		if b, err := exec.Command(rt, args...).CombinedOutput(); err != nil || !strings.Contains(string(b), "USAGE") {
+			t.Errorf("rtarget %v: %v\n%s", args, err, b)
+		}
+	}
+	for _, args := range [][]string{{"--help"}, {"nbd", "--help"}, {"attach", "--help"}, {"info", "--help"}, {"lock", "acquire", "--help"}} {
+		if b, err := exec.Command(ri, args...).CombinedOutput(); err != nil || !strings.Contains(string(b), "USAGE") {
+			t.Errorf("rinit %v: %v\n%s", args, err, b)
+		}
+	}
+}

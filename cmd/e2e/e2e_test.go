@@ -109,8 +109,11 @@ func start(t *testing.T, bin string, args ...string) *proc {
 
 // stop signals the process and waits for it; it returns its exit error.
 func (p *proc) stop(sig syscall.Signal, timeout time.Duration) error {
-	if p.cmd.ProcessState != nil {
-		return nil
+	select {
+	case err := <-p.done: // already exited (ProcessState is Wait's to write)
+		p.done <- err
+		return err
+	default:
 	}
 	p.cmd.Process.Signal(sig)
 	select {

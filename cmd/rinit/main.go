@@ -29,7 +29,7 @@ func app() *cli.App {
 		Description: "rinit logs in to a volume of an rtarget and moves its data with RDMA Read and Write.\n\n" +
 			"Every flag can also be set with an environment variable (RINIT_<FLAG>) or a config file (--config).",
 		HideHelpCommand: true,
-		Commands:        []*cli.Command{nbdCommand(), attachCommand(), infoCommand(), lockCommand()},
+		Commands:        []*cli.Command{nbdCommand(), attachCommand(), infoCommand(), lockCommand(), rpingCommand(), perftestCommand()},
 	}
 }
 

@@ -10,8 +10,9 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
-	"github.com/pojntfx/go-nbd/pkg/client"
+	"github.com/pojntfx/go-nbd/pkg/ioctl"
 	"github.com/urfave/cli/v2"
 
 	"github.com/rnic-dev/rnic/cmd/internal/clix"
@@ -20,7 +21,7 @@ import (
 )
 
 func nbdCommand() *cli.Command {
-	flags := append(sessionFlags(),
+	flags := append(sessionFlags(), clix.ProfileFlag("RINIT_"),
 		&cli.StringFlag{Name: "listen", Value: "127.0.0.1:10809", Usage: "NBD listen address HOST:PORT or unix:PATH",
 			EnvVars: []string{"RINIT_LISTEN"}},
 		&cli.StringFlag{Name: "export-name", Usage: "NBD export name (default: the volume name; clients asking for \"\" get it too)",
@@ -61,6 +62,11 @@ func runNBD(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	stopProfile, err := clix.StartProfile(c)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	ln, err := listen(c.String("listen"))
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
@@ -106,6 +112,34 @@ func attachCommand() *cli.Command {
 	}
 }
 
+// The Linux NBD driver's ioctls (linux/nbd.h: _IO(0xab, n)). go-nbd's
+// pkg/ioctl names most of them; NBD_SET_FLAGS it lacks.
+const (
+	nbdSetSock       = ioctl.NEGOTIATION_IOCTL_SET_SOCK
+	nbdSetBlockSize  = ioctl.NEGOTIATION_IOCTL_SET_BLOCKSIZE
+	nbdSetSizeBlocks = ioctl.NEGOTIATION_IOCTL_SET_SIZE_BLOCKS
+	nbdDoIt          = ioctl.NEGOTIATION_IOCTL_DO_IT
+	nbdClearSock     = ioctl.TRANSMISSION_IOCTL_CLEAR_SOCK
+	nbdClearQueue    = ioctl.TRANSMISSION_IOCTL_CLEAR_QUE
+	nbdDisconnect    = ioctl.TRANSMISSION_IOCTL_DISCONNECT
+	nbdSetFlags      = 0xab0a
+	attachBlockSize  = 4096
+)
+
+func nbdIoctl(f *os.File, req, arg uintptr) error {
+	if _, _, e := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), req, arg); e != 0 {
+		return e
+	}
+	return nil
+}
+
+// runAttach does what nbd-client does, with our NBD server on the other end
+// of a socket pair: it tells the kernel the size, block size and flags by
+// ioctl (the handshake happens here, not on the socket), hands it one end
+// with NBD_SET_SOCK, serves the transmission phase on the other, and blocks
+// in NBD_DO_IT until disconnected. (go-nbd's client negotiates over the
+// socket first, and its NBD_OPT_GO carries a zero option length, which a
+// conforming server rejects.)
 func runAttach(c *cli.Context) error {
 	log, err := clix.Logger(c, os.Stderr)
 	if err != nil {
@@ -125,7 +159,11 @@ func runAttach(c *cli.Context) error {
 		return err
 	}
 	defer cl.Close()
-	// Our NBD server on one end of a socket pair; the kernel gets the other.
+	exp := export(c, cl)
+	size := cl.Size()
+	if size%attachBlockSize != 0 {
+		return fmt.Errorf("volume size %d is not a multiple of %d", size, attachBlockSize)
+	}
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
 	if err != nil {
 		return fmt.Errorf("socketpair: %w", err)
@@ -134,34 +172,69 @@ func runAttach(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	kConn, err := fileConn(fds[1], "rinit-nbd-kernel")
-	if err != nil {
-		return err
+	kernelSock := os.NewFile(uintptr(fds[1]), "rinit-nbd-kernel")
+	defer kernelSock.Close()
+	for _, s := range []struct {
+		name     string
+		req, arg uintptr
+	}{
+		{"NBD_CLEAR_SOCK", nbdClearSock, 0},
+		{"NBD_SET_BLKSIZE", nbdSetBlockSize, attachBlockSize},
+		{"NBD_SET_SIZE_BLOCKS", nbdSetSizeBlocks, uintptr(size / attachBlockSize)},
+		{"NBD_SET_FLAGS", nbdSetFlags, uintptr(exp.TransmissionFlags())},
+		{"NBD_SET_SOCK", nbdSetSock, kernelSock.Fd()},
+	} {
+		if err := nbdIoctl(f, s.req, s.arg); err != nil {
+			if errors.Is(err, syscall.EBUSY) {
+				return fmt.Errorf("%s: %s: device busy (already attached? nbd-client -d %s)", dev, s.name, dev)
+			}
+			return fmt.Errorf("%s: %s: %w", dev, s.name, err)
+		}
 	}
 	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	exp := export(c, cl)
 	srv := &nbd.Server{Exports: []nbd.Export{exp}, Logger: log}
-	go srv.ServeConn(ctx, srvConn)
-	done := make(chan error, 1)
-	go func() {
-		done <- client.Connect(kConn, f, &client.Options{ExportName: exp.Name, BlockSize: 4096,
-			OnConnected: func() { log.Info("attached", "device", dev, "volume", c.String("volume"), "size", cl.Size()) }})
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			return fmt.Errorf("attach %s: %w", dev, err)
+	srvCtx, cancelSrv := context.WithCancel(context.Background())
+	defer cancelSrv()
+	served := make(chan error, 1)
+	go func() { served <- srv.ServeTransmission(srvCtx, srvConn, exp.Name) }()
+	doIt := make(chan error, 1)
+	go func() { doIt <- nbdIoctl(f, nbdDoIt, 0) }()
+	go func() { // the device is usable once the kernel reports its size
+		sizeFile := filepath.Join("/sys/block", filepath.Base(dev), "size")
+		for i := 0; i < 100; i++ {
+			if b, err := os.ReadFile(sizeFile); err == nil && strings.TrimSpace(string(b)) != "0" {
+				log.Info("attached", "device", dev, "volume", c.String("volume"), "size", size)
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
+	}()
+	var doErr error
+	select {
+	case doErr = <-doIt:
 	case <-ctx.Done():
 		log.Info("detaching", "device", dev)
-		client.Disconnect(f)
-		<-done
+		// What nbd-client -d does: the kernel flushes, sends NBD_CMD_DISC
+		// and NBD_DO_IT returns.
+		if err := nbdIoctl(f, nbdDisconnect, 0); err != nil {
+			log.Warn("NBD_DISCONNECT", "err", err)
+		}
+		doErr = <-doIt
+	}
+	nbdIoctl(f, nbdClearQueue, 0)
+	nbdIoctl(f, nbdClearSock, 0)
+	cancelSrv()
+	if err := <-served; err != nil {
+		log.Warn("nbd transmission ended", "err", err)
 	}
 	fctx, cancel := context.WithTimeout(context.Background(), c.Duration("timeout"))
 	defer cancel()
 	if err := cl.Flush(fctx); err != nil {
 		return fmt.Errorf("final flush: %w", err)
+	}
+	if doErr != nil && ctx.Err() == nil {
+		return fmt.Errorf("%s: NBD_DO_IT: %w", dev, doErr)
 	}
 	return nil
 }

@@ -39,6 +39,7 @@ func serveCommand() *cli.Command {
 	}
 	flags = append(flags, dataFlags()...)
 	flags = append(flags, clix.LogFlags("RTARGET_")...)
+	flags = append(flags, clix.ProfileFlag("RTARGET_"))
 	return &cli.Command{
 		Name:  "serve",
 		Usage: "serve volumes to initiators",
@@ -159,6 +160,11 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	stopProfile, err := clix.StartProfile(c)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	addr := c.String("listen")
 	secret, haveSecret, err := clix.ReadSecret(c.String("secret-file"))
 	if err != nil {

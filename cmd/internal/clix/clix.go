@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 
@@ -220,4 +221,28 @@ func Exit(prog string, err error) {
 	}
 	fmt.Fprintf(os.Stderr, "%s: %v\n", prog, err)
 	os.Exit(1)
+}
+
+// ProfileFlag is --cpu-profile: write a CPU profile of the whole run to a
+// file (bench/ uses it; go tool pprof reads it).
+func ProfileFlag(envPrefix string) cli.Flag {
+	return &cli.StringFlag{Name: "cpu-profile", Usage: "write a CPU profile (pprof) of the run to `FILE`", EnvVars: []string{envPrefix + "CPU_PROFILE"}}
+}
+
+// StartProfile starts the CPU profile --cpu-profile asks for; the returned
+// function stops it and closes the file.
+func StartProfile(c *cli.Context) (stop func(), err error) {
+	path := c.String("cpu-profile")
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }

@@ -1,0 +1,633 @@
+// Command runner runs bench/: every fio job in bench/jobs against our
+// block service and the peer systems a user would otherwise run, repeated
+// and interleaved, then writes the results (JSON), a markdown report with
+// medians and our/peer ratios, PNG plots, the Go micro-benchmarks, peak RSS
+// of our processes and a CPU profile of rinit and rtarget under 4K random
+// reads. See bench/README.md.
+//
+//	go run ./bench/runner                 # full run (about 30 minutes)
+//	go run ./bench/runner -quick          # 1 repetition, 2 s per job
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type options struct {
+	reps     int
+	runtime  int
+	ramp     int
+	region   string
+	size     string
+	out      string
+	jobsDir  string
+	jobs     string
+	systems  string
+	micro    bool
+	profile  bool
+	benchDir string
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.reps, "reps", 3, "repetitions of every (system, job), interleaved system by system")
+	flag.IntVar(&o.runtime, "runtime", 4, "seconds per fio job (after the ramp)")
+	flag.IntVar(&o.ramp, "ramp", 1, "fio ramp_time seconds")
+	flag.StringVar(&o.region, "region", "256m", "bytes of the export the jobs use (fio size=)")
+	flag.StringVar(&o.size, "size", "1G", "export size of every system")
+	flag.StringVar(&o.out, "out", "bench/results", "output directory")
+	flag.StringVar(&o.jobsDir, "jobs-dir", "bench/jobs", "directory of fio job files")
+	flag.StringVar(&o.jobs, "jobs", "", "comma-separated job names (default: all)")
+	flag.StringVar(&o.systems, "systems", "", "comma-separated system names (default: all)")
+	flag.BoolVar(&o.micro, "micro", true, "run the Go micro-benchmarks")
+	flag.BoolVar(&o.profile, "profile", true, "profile rinit and rtarget under 4K random reads")
+	quick := flag.Bool("quick", false, "1 repetition, 2 s per job, no ramp")
+	flag.Parse()
+	if *quick {
+		o.reps, o.runtime, o.ramp = 1, 2, 0
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := run(context.Background(), o, log); err != nil {
+		log.Error("bench failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+// Result is one fio job run on one system.
+type Result struct {
+	System    string             `json:"system"`
+	Job       string             `json:"job"`
+	Rep       int                `json:"rep"`
+	ReadIOPS  float64            `json:"read_iops"`
+	WriteIOPS float64            `json:"write_iops"`
+	ReadMBps  float64            `json:"read_mbps"`
+	WriteMBps float64            `json:"write_mbps"`
+	ClatUs    map[string]float64 `json:"clat_percentiles_us,omitempty"` // read completion latency
+	Errors    int                `json:"errors"`
+}
+
+// RSS is the peak resident set of our processes in one repetition.
+type RSS struct {
+	System string `json:"system"`
+	Rep    int    `json:"rep"`
+	Proc   string `json:"proc"`
+	PeakKB int64  `json:"peak_kb"`
+}
+
+type report struct {
+	Started  time.Time `json:"started"`
+	Host     string    `json:"host"`
+	CPUs     int       `json:"cpus"`
+	Options  string    `json:"options"`
+	Results  []Result  `json:"results"`
+	RSS      []RSS     `json:"rss"`
+	Versions []string  `json:"versions"`
+}
+
+func run(ctx context.Context, o options, log *slog.Logger) error {
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	for _, tool := range []string{"fio", "nbdkit", "nbd-server"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s not installed (make deps installs it): %w", tool, err)
+		}
+	}
+	work, err := os.MkdirTemp("", "rnic-bench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	bin := filepath.Join(work, "bin")
+	log.Info("building rtarget and rinit")
+	if out, err := exec.Command("go", "build", "-o", bin+"/", "./cmd/rtarget", "./cmd/rinit").CombinedOutput(); err != nil {
+		return fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	jobs, err := listJobs(o)
+	if err != nil {
+		return err
+	}
+	systems := allSystems(bin, o.size)
+	if o.systems != "" {
+		systems = pick(systems, strings.Split(o.systems, ","))
+	}
+	host, _ := os.Hostname()
+	rep := report{Started: time.Now().UTC(), Host: host, CPUs: numCPU(),
+		Options:  fmt.Sprintf("reps=%d runtime=%ds ramp=%ds region=%s size=%s", o.reps, o.runtime, o.ramp, o.region, o.size),
+		Versions: versions()}
+
+	for r := 1; r <= o.reps; r++ {
+		for _, sys := range systems {
+			log.Info("system", "name", sys.name, "rep", r)
+			res, rss, err := runSystem(ctx, sys, jobs, r, o, work, log)
+			if err != nil {
+				return fmt.Errorf("%s rep %d: %w", sys.name, r, err)
+			}
+			rep.Results = append(rep.Results, res...)
+			rep.RSS = append(rep.RSS, rss...)
+		}
+	}
+	b, _ := json.MarshalIndent(rep, "", "  ")
+	if err := os.WriteFile(filepath.Join(o.out, "results.json"), b, 0o644); err != nil {
+		return err
+	}
+	var micro, prof string
+	if o.profile {
+		if prof, err = profileRun(ctx, bin, o, work, log); err != nil {
+			return fmt.Errorf("profile: %w", err)
+		}
+	}
+	if o.micro {
+		log.Info("Go micro-benchmarks")
+		if micro, err = microBenchmarks(ctx); err != nil {
+			return fmt.Errorf("micro-benchmarks: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(o.out, "micro.txt"), []byte(micro), 0o644); err != nil {
+			return err
+		}
+	}
+	md := markdown(rep, jobs, systems, micro, prof)
+	if err := os.WriteFile(filepath.Join(o.out, "report.md"), []byte(md), 0o644); err != nil {
+		return err
+	}
+	if err := plots(rep, jobs, systems, o.out); err != nil {
+		return fmt.Errorf("plots: %w", err)
+	}
+	log.Info("done", "report", filepath.Join(o.out, "report.md"))
+	return nil
+}
+
+func numCPU() int {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	return strings.Count(string(b), "processor\t:")
+}
+
+func versions() []string {
+	var v []string
+	for _, c := range [][]string{{"go", "version"}, {"fio", "--version"}, {"nbdkit", "--version"}} {
+		out, _ := exec.Command(c[0], c[1:]...).Output()
+		v = append(v, strings.TrimSpace(string(out)))
+	}
+	return v
+}
+
+func listJobs(o options) ([]string, error) {
+	m, err := filepath.Glob(filepath.Join(o.jobsDir, "*.fio"))
+	if err != nil {
+		return nil, err
+	}
+	var jobs []string
+	for _, p := range m {
+		n := strings.TrimSuffix(filepath.Base(p), ".fio")
+		if n != "fill" {
+			jobs = append(jobs, n)
+		}
+	}
+	sort.Strings(jobs)
+	if o.jobs != "" {
+		want := strings.Split(o.jobs, ",")
+		var keep []string
+		for _, j := range jobs {
+			for _, w := range want {
+				if j == w {
+					keep = append(keep, j)
+				}
+			}
+		}
+		jobs = keep
+	}
+	if len(jobs) == 0 {
+		return nil, errors.New("no fio jobs selected")
+	}
+	return jobs, nil
+}
+
+// proc is a started process.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  *os.File
+}
+
+func startProc(work, name string, args ...string) (*proc, error) {
+	lf, err := os.CreateTemp(work, name+"-*.log")
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		lf.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	return &proc{name: name, cmd: cmd, log: lf}, nil
+}
+
+// peakKB is VmHWM of the process.
+func (p *proc) peakKB() int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "VmHWM:") {
+			f := strings.Fields(l)
+			if len(f) >= 2 {
+				n, _ := strconv.ParseInt(f[1], 10, 64)
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+func (p *proc) stop() error {
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- p.cmd.Wait() }()
+	select {
+	case err := <-done:
+		p.log.Close()
+		return err
+	case <-time.After(30 * time.Second):
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+		p.log.Close()
+		return fmt.Errorf("%s did not stop on SIGTERM", p.name)
+	}
+}
+
+func (p *proc) tail() string {
+	b, _ := os.ReadFile(p.log.Name())
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func waitPort(port int, procs []*proc) error {
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var tails []string
+	for _, p := range procs {
+		tails = append(tails, p.name+": "+p.tail())
+	}
+	return fmt.Errorf("nothing listens on %s after 30 s\n%s", addr, strings.Join(tails, "\n"))
+}
+
+// fio runs one job file against uri and parses its JSON output.
+func fio(ctx context.Context, jobFile, uri string, o options) (Result, error) {
+	cmd := exec.CommandContext(ctx, "fio", "--output-format=json", jobFile)
+	cmd.Env = append(os.Environ(), "NBD_URI="+uri, "REGION="+o.region,
+		"RUNTIME="+strconv.Itoa(o.runtime), "RAMP="+strconv.Itoa(o.ramp))
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return Result{}, fmt.Errorf("fio %s: %v\n%s\n%s", jobFile, err, ee.Stderr, out)
+		}
+		return Result{}, fmt.Errorf("fio %s: %w", jobFile, err)
+	}
+	// fio may print warnings before the JSON document.
+	if i := strings.IndexByte(string(out), '{'); i > 0 {
+		out = out[i:]
+	}
+	var doc struct {
+		Jobs []struct {
+			Error int    `json:"error"`
+			Read  fioDir `json:"read"`
+			Write fioDir `json:"write"`
+		} `json:"jobs"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		return Result{}, fmt.Errorf("fio %s: parse JSON: %w", jobFile, err)
+	}
+	if len(doc.Jobs) == 0 {
+		return Result{}, fmt.Errorf("fio %s: no jobs in output", jobFile)
+	}
+	j := doc.Jobs[0]
+	r := Result{ReadIOPS: j.Read.IOPS, WriteIOPS: j.Write.IOPS, ReadMBps: float64(j.Read.BwBytes) / 1e6,
+		WriteMBps: float64(j.Write.BwBytes) / 1e6, Errors: j.Error}
+	pct := j.Read.Clat.Percentile
+	if len(pct) == 0 {
+		pct = j.Write.Clat.Percentile
+	}
+	if len(pct) > 0 {
+		r.ClatUs = map[string]float64{}
+		for k, v := range pct {
+			if f, err := strconv.ParseFloat(k, 64); err == nil {
+				r.ClatUs[strconv.FormatFloat(f, 'f', -1, 64)] = v / 1000
+			}
+		}
+	}
+	if r.Errors != 0 {
+		return r, fmt.Errorf("fio %s: job error %d", jobFile, r.Errors)
+	}
+	return r, nil
+}
+
+type fioDir struct {
+	IOPS    float64 `json:"iops"`
+	BwBytes int64   `json:"bw_bytes"`
+	Clat    struct {
+		Percentile map[string]float64 `json:"percentile"`
+	} `json:"clat_ns"`
+}
+
+func runSystem(ctx context.Context, sys system, jobs []string, rep int, o options, work string, log *slog.Logger) ([]Result, []RSS, error) {
+	dir, err := os.MkdirTemp(work, sys.name)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer os.RemoveAll(dir)
+	procs, uri, err := sys.start(dir, work, nil)
+	defer func() {
+		for i := len(procs) - 1; i >= 0; i-- {
+			procs[i].stop()
+		}
+	}()
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := fio(ctx, filepath.Join(o.jobsDir, "fill.fio"), uri, o); err != nil {
+		return nil, nil, fmt.Errorf("fill: %w", err)
+	}
+	var out []Result
+	for _, j := range jobs {
+		r, err := fio(ctx, filepath.Join(o.jobsDir, j+".fio"), uri, o)
+		if err != nil {
+			return nil, nil, err
+		}
+		r.System, r.Job, r.Rep = sys.name, j, rep
+		log.Info("fio", "system", sys.name, "job", j, "rep", rep, "read_iops", int(r.ReadIOPS), "write_iops", int(r.WriteIOPS),
+			"read_MBps", int(r.ReadMBps), "write_MBps", int(r.WriteMBps))
+		out = append(out, r)
+	}
+	var rss []RSS
+	for _, p := range procs {
+		if sys.ours {
+			rss = append(rss, RSS{System: sys.name, Rep: rep, Proc: p.name, PeakKB: p.peakKB()})
+		}
+	}
+	return out, rss, nil
+}
+
+// system is one block service under test, reachable at an NBD URI.
+type system struct {
+	name, title string
+	ours        bool
+	start       func(dir, work string, extra map[string][]string) ([]*proc, string, error)
+}
+
+func allSystems(bin, size string) []system {
+	rtarget, rinit := filepath.Join(bin, "rtarget"), filepath.Join(bin, "rinit")
+	ourStack := func(store string) func(dir, work string, extra map[string][]string) ([]*proc, string, error) {
+		return func(dir, work string, extra map[string][]string) ([]*proc, string, error) {
+			tp, err := freePort()
+			if err != nil {
+				return nil, "", err
+			}
+			np, err := freePort()
+			if err != nil {
+				return nil, "", err
+			}
+			targs := []string{rtarget, "serve", "--listen", "127.0.0.1:" + strconv.Itoa(tp), "--volume", "bench:" + size,
+				"--store", store, "--data", filepath.Join(dir, "data"), "--log-level", "warn"}
+			t, err := startProc(work, "rtarget", append(targs, extra["rtarget"]...)...)
+			if err != nil {
+				return nil, "", err
+			}
+			procs := []*proc{t}
+			if err := waitPort(tp, procs); err != nil {
+				return procs, "", err
+			}
+			iargs := []string{rinit, "nbd", "--target", "127.0.0.1:" + strconv.Itoa(tp), "--volume", "bench",
+				"--listen", "127.0.0.1:" + strconv.Itoa(np), "--log-level", "warn"}
+			i, err := startProc(work, "rinit", append(iargs, extra["rinit"]...)...)
+			if err != nil {
+				return procs, "", err
+			}
+			procs = append(procs, i)
+			if err := waitPort(np, procs); err != nil {
+				return procs, "", err
+			}
+			return procs, fmt.Sprintf("nbd://127.0.0.1:%d/bench", np), nil
+		}
+	}
+	nbdkit := func(args ...string) func(dir, work string, _ map[string][]string) ([]*proc, string, error) {
+		return func(dir, work string, _ map[string][]string) ([]*proc, string, error) {
+			p, err := freePort()
+			if err != nil {
+				return nil, "", err
+			}
+			a := append([]string{"nbdkit", "-f", "-i", "127.0.0.1", "-p", strconv.Itoa(p)}, args...)
+			for i := range a {
+				a[i] = strings.ReplaceAll(a[i], "{DIR}", dir)
+			}
+			if strings.Contains(strings.Join(args, " "), "{DIR}/disk") {
+				if err := truncate(filepath.Join(dir, "disk"), size); err != nil {
+					return nil, "", err
+				}
+			}
+			k, err := startProc(work, "nbdkit", a...)
+			if err != nil {
+				return nil, "", err
+			}
+			procs := []*proc{k}
+			return procs, fmt.Sprintf("nbd://127.0.0.1:%d/", p), waitPort(p, procs)
+		}
+	}
+	return []system{
+		{name: "rnic-memory", title: "rinit -> rtarget (memory store)", ours: true, start: ourStack("memory")},
+		{name: "rnic-badger", title: "rinit -> rtarget (badger store)", ours: true, start: ourStack("badger")},
+		{name: "nbdkit-memory", title: "nbdkit memory", start: nbdkit("memory", size)},
+		{name: "nbdkit-file", title: "nbdkit file", start: nbdkit("file", "{DIR}/disk")},
+		{name: "nbd-server", title: "nbd-server (file)", start: func(dir, work string, _ map[string][]string) ([]*proc, string, error) {
+			p, err := freePort()
+			if err != nil {
+				return nil, "", err
+			}
+			disk := filepath.Join(dir, "disk")
+			if err := truncate(disk, size); err != nil {
+				return nil, "", err
+			}
+			conf := filepath.Join(dir, "nbd-server.conf")
+			c := fmt.Sprintf("[generic]\n    listenaddr = 127.0.0.1\n    port = %d\n[bench]\n    exportname = %s\n", p, disk)
+			if err := os.WriteFile(conf, []byte(c), 0o644); err != nil {
+				return nil, "", err
+			}
+			s, err := startProc(work, "nbd-server", "nbd-server", "-C", conf, "-d")
+			if err != nil {
+				return nil, "", err
+			}
+			procs := []*proc{s}
+			return procs, fmt.Sprintf("nbd://127.0.0.1:%d/bench", p), waitPort(p, procs)
+		}},
+		{name: "nbdkit-proxy", title: "nbdkit nbd plugin -> nbdkit memory", start: func(dir, work string, _ map[string][]string) ([]*proc, string, error) {
+			back, err := freePort()
+			if err != nil {
+				return nil, "", err
+			}
+			front, err := freePort()
+			if err != nil {
+				return nil, "", err
+			}
+			b, err := startProc(work, "nbdkit-backend", "nbdkit", "-f", "-i", "127.0.0.1", "-p", strconv.Itoa(back), "memory", size)
+			if err != nil {
+				return nil, "", err
+			}
+			procs := []*proc{b}
+			if err := waitPort(back, procs); err != nil {
+				return procs, "", err
+			}
+			f, err := startProc(work, "nbdkit-proxy", "nbdkit", "-f", "-i", "127.0.0.1", "-p", strconv.Itoa(front), "nbd",
+				"hostname=127.0.0.1", "port="+strconv.Itoa(back))
+			if err != nil {
+				return procs, "", err
+			}
+			procs = append(procs, f)
+			return procs, fmt.Sprintf("nbd://127.0.0.1:%d/", front), waitPort(front, procs)
+		}},
+	}
+}
+
+func truncate(path, size string) error {
+	n, err := parseSize(size)
+	if err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Truncate(n)
+}
+
+func parseSize(s string) (int64, error) {
+	mult := int64(1)
+	switch {
+	case strings.HasSuffix(s, "G"):
+		mult, s = 1<<30, strings.TrimSuffix(s, "G")
+	case strings.HasSuffix(s, "M"):
+		mult, s = 1<<20, strings.TrimSuffix(s, "M")
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n * mult, err
+}
+
+func pick(all []system, names []string) []system {
+	var out []system
+	for _, n := range names {
+		for _, s := range all {
+			if s.name == n {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
+
+// profileRun profiles rinit and rtarget (memory store) under the 4K random
+// read QD16 job and returns pprof's top functions of each.
+func profileRun(ctx context.Context, bin string, o options, work string, log *slog.Logger) (string, error) {
+	log.Info("CPU profile under randread-4k-qd16")
+	sys := allSystems(bin, o.size)[0]
+	dir, err := os.MkdirTemp(work, "profile")
+	if err != nil {
+		return "", err
+	}
+	tprof, iprof := filepath.Join(o.out, "rtarget.pprof"), filepath.Join(o.out, "rinit.pprof")
+	procs, uri, err := sys.start(dir, work, map[string][]string{"rtarget": {"--cpu-profile", tprof}, "rinit": {"--cpu-profile", iprof}})
+	if err != nil {
+		for _, p := range procs {
+			p.stop()
+		}
+		return "", err
+	}
+	_, ferr := fio(ctx, filepath.Join(o.jobsDir, "fill.fio"), uri, o)
+	if ferr == nil {
+		po := o
+		po.runtime = max(o.runtime, 5)
+		_, ferr = fio(ctx, filepath.Join(o.jobsDir, "randread-4k-qd16.fio"), uri, po)
+	}
+	for i := len(procs) - 1; i >= 0; i-- {
+		procs[i].stop()
+	}
+	if ferr != nil {
+		return "", ferr
+	}
+	var sb strings.Builder
+	for _, p := range []struct{ name, bin, prof string }{{"rinit", filepath.Join(bin, "rinit"), iprof}, {"rtarget", filepath.Join(bin, "rtarget"), tprof}} {
+		out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=25", p.bin, p.prof).CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("pprof %s: %v\n%s", p.name, err, out)
+		}
+		fmt.Fprintf(&sb, "### %s\n\n```\n%s```\n\n", p.name, trimPprof(string(out)))
+	}
+	return sb.String(), nil
+}
+
+func trimPprof(s string) string {
+	var keep []string
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(l, "File:") || strings.HasPrefix(l, "Build ID:") || strings.HasPrefix(l, "Type:") || strings.HasPrefix(l, "Time:") {
+			continue
+		}
+		keep = append(keep, l)
+	}
+	return strings.Join(keep, "\n") + "\n"
+}
+
+// microBenchmarks runs the Go benchmarks the report quotes.
+func microBenchmarks(ctx context.Context) (string, error) {
+	var sb strings.Builder
+	for _, b := range []struct{ pkg, re, time string }{
+		{"./rnic/crc32c", ".", "300ms"},
+		{"./rnic", ".", "1s"},
+		{"./blockproto", ".", "300ms"},
+		{"./initiator", ".", "2s"},
+	} {
+		cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", b.re, "-benchtime", b.time, b.pkg)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("go test -bench %s: %v\n%s", b.pkg, err, out)
+		}
+		fmt.Fprintf(&sb, "$ go test -run '^$' -bench %s -benchtime %s %s\n%s\n", b.re, b.time, b.pkg, out)
+	}
+	return sb.String(), nil
+}

@@ -144,15 +144,17 @@ func (q *iqp) waitLoginMsg(ctx context.Context) ([]byte, error) {
 	}
 	i := int(wc.ID)
 	msg := append([]byte(nil), q.rx(i)[:wc.Bytes]...)
-	if err := q.repost(i); err != nil {
-		return nil, err
-	}
+	// A REJECT first: the target closes right after it, so reposting the
+	// receive may already fail, and the REJECT is the error that matters.
 	if _, op, ok := blockproto.PeekOpcode(msg); ok && op == blockproto.OpReject {
 		r, err := blockproto.ParseResponse(msg)
 		if err != nil {
 			return nil, fmt.Errorf("%w: bad REJECT: %v", ErrProtocol, err)
 		}
 		return nil, &LoginError{Status: r.Status(), Detail: string(r.Detail())}
+	}
+	if err := q.repost(i); err != nil {
+		return nil, err
 	}
 	return msg, nil
 }

@@ -219,9 +219,10 @@ func listJobs(o options) ([]string, error) {
 
 // proc is a started process.
 type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  *os.File
+	name    string
+	cmd     *exec.Cmd
+	log     *os.File
+	pidFile string // a daemon that forked: the pid to signal is in here
 }
 
 func startProc(work, name string, args ...string) (*proc, error) {
@@ -258,6 +259,15 @@ func (p *proc) peakKB() int64 {
 }
 
 func (p *proc) stop() error {
+	if p.pidFile != "" {
+		b, _ := os.ReadFile(p.pidFile)
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
+			syscall.Kill(pid, syscall.SIGTERM)
+			for i := 0; i < 100 && syscall.Kill(pid, 0) == nil; i++ {
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	}
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan error, 1)
 	go func() { done <- p.cmd.Wait() }()
@@ -307,6 +317,21 @@ func waitPort(port int, procs []*proc) error {
 	return fmt.Errorf("nothing listens on %s after 30 s\n%s", addr, strings.Join(tails, "\n"))
 }
 
+// waitListen waits for a listening socket on port without connecting.
+func waitListen(port int, procs []*proc) error {
+	want := fmt.Sprintf(":%04X ", port)
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		b, _ := os.ReadFile("/proc/net/tcp")
+		for _, l := range strings.Split(string(b), "\n") {
+			f := strings.Fields(l)
+			if len(f) > 3 && strings.HasSuffix(f[1], want[:len(want)-1]) && f[3] == "0A" {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("nothing listens on port %d after 30 s: %s", port, procs[0].tail())
+}
+
 // fio runs one job file against uri and parses its JSON output.
 func fio(ctx context.Context, jobFile, uri string, o options) (Result, error) {
 	cmd := exec.CommandContext(ctx, "fio", "--output-format=json", jobFile)
@@ -316,7 +341,7 @@ func fio(ctx context.Context, jobFile, uri string, o options) (Result, error) {
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
-			return Result{}, fmt.Errorf("fio %s: %v\n%s\n%s", jobFile, err, ee.Stderr, out)
+			return Result{}, fmt.Errorf("fio %s: %v\n%s", jobFile, err, ee.Stderr)
 		}
 		return Result{}, fmt.Errorf("fio %s: %w", jobFile, err)
 	}
@@ -488,12 +513,17 @@ func allSystems(bin, size string) []system {
 			if err := os.WriteFile(conf, []byte(c), 0o644); err != nil {
 				return nil, "", err
 			}
-			s, err := startProc(work, "nbd-server", "nbd-server", "-C", conf, "-d")
+			// nbd-server -d would serve a single connection; it daemonizes
+			// instead and is stopped through its pid file. The port is
+			// probed by its listening socket, not by connecting.
+			pid := filepath.Join(dir, "nbd-server.pid")
+			s, err := startProc(work, "nbd-server", "nbd-server", "-C", conf, "-p", pid)
 			if err != nil {
 				return nil, "", err
 			}
+			s.pidFile = pid
 			procs := []*proc{s}
-			return procs, fmt.Sprintf("nbd://127.0.0.1:%d/bench", p), waitPort(p, procs)
+			return procs, fmt.Sprintf("nbd://127.0.0.1:%d/bench", p), waitListen(p, procs)
 		}},
 		{name: "nbdkit-proxy", title: "nbdkit nbd plugin -> nbdkit memory", start: func(dir, work string, _ map[string][]string) ([]*proc, string, error) {
 			back, err := freePort()

@@ -551,9 +551,50 @@ func TestReloadAndErrors(t *testing.T) {
 			t.Errorf("rtarget %v: %v\n%s", args, err, b)
 		}
 	}
-	for _, args := range [][]string{{"--help"}, {"nbd", "--help"}, {"attach", "--help"}, {"info", "--help"}, {"lock", "acquire", "--help"}} {
+	for _, args := range [][]string{{"--help"}, {"nbd", "--help"}, {"attach", "--help"}, {"info", "--help"}, {"lock", "acquire", "--help"}, {"lock", "release", "--help"}, {"rping", "--help"}, {"perftest", "--help"}} {
 		if b, err := exec.Command(ri, args...).CombinedOutput(); err != nil || !strings.Contains(string(b), "USAGE") {
 			t.Errorf("rinit %v: %v\n%s", args, err, b)
 		}
+	}
+}
+
+// TestLockCommands: rinit lock acquire holds a lock (with a pid file),
+// status names the holder, a second acquire fails naming it, release stops
+// the holder and the target shows the lock free.
+func TestLockCommands(t *testing.T) {
+	rt, ri := bins(t)
+	addr := freePort(t)
+	p := start(t, rt, "serve", "--listen", addr, "--store", "memory", "--volume", "v:16M")
+	waitPort(t, addr, p)
+	pid := filepath.Join(t.TempDir(), "lock.pid")
+	holder := start(t, ri, "lock", "acquire", "--target", addr, "--volume", "v", "--lock", "2", "--name", "holder", "--pid-file", pid)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(pid); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no pid file; holder said:\n%s", holder.output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if out := run(t, 30*time.Second, ri, "lock", "status", "--target", addr, "--volume", "v", "--lock", "2"); !strings.Contains(out, "lock 2: held by initiator holder") {
+		t.Fatalf("status: %s", out)
+	}
+	b, err := exec.Command(ri, "lock", "acquire", "--target", addr, "--volume", "v", "--lock", "2", "--name", "other", "--hold", "1s").CombinedOutput()
+	if err == nil || !strings.Contains(string(b), "holder") {
+		t.Fatalf("second acquire: %v\n%s", err, b)
+	}
+	if out := run(t, 30*time.Second, ri, "lock", "release", "--target", addr, "--volume", "v", "--lock", "2", "--pid-file", pid); !strings.Contains(out, "released") {
+		t.Fatalf("release: %s", out)
+	}
+	if err := holder.stop(syscall.SIGTERM, 10*time.Second); err != nil {
+		t.Fatalf("holder exit: %v\n%s", err, holder.output())
+	}
+	if !strings.Contains(holder.output(), "lock 2 acquired, fencing token") || !strings.Contains(holder.output(), "released") {
+		t.Fatalf("holder output:\n%s", holder.output())
+	}
+	if out := run(t, 30*time.Second, ri, "lock", "status", "--target", addr, "--volume", "v", "--lock", "2"); !strings.Contains(out, "lock 2: free") {
+		t.Fatalf("status after release: %s", out)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -83,9 +84,23 @@ func lockCommand() *cli.Command {
 				Flags: lockFlags(
 					&cli.DurationFlag{Name: "hold", Usage: "release after this long (default: until interrupted)"},
 					&cli.BoolFlag{Name: "wait", Usage: "wait for a held lock instead of failing"},
+					&cli.StringFlag{Name: "pid-file", Usage: "write this process's pid to `FILE` once the lock is held (for lock release)"},
 				),
 				Before: clix.LoadConfig,
 				Action: lockAcquire,
+			},
+			{
+				Name:  "release",
+				Usage: "release a lock held by `rinit lock acquire --pid-file F` and wait until the target shows it free",
+				Description: "Locks belong to sessions, so a lock is released by the session that holds it: this stops the\n" +
+					"acquire process named by --pid-file (SIGTERM; it unlocks, then exits) and then checks through the\n" +
+					"target that the lock (--lock N) or this initiator's reservation is gone. A lock held by another\n" +
+					"initiator is not broken: the command names the holder and fails.",
+				Flags: lockFlags(
+					&cli.StringFlag{Name: "pid-file", Usage: "pid file written by `rinit lock acquire --pid-file` (required)"},
+				),
+				Before: clix.LoadConfig,
+				Action: lockRelease,
 			},
 			{
 				Name:   "status",
@@ -109,7 +124,7 @@ func lockTarget(c *cli.Context) (lock int, reserve, exclusive bool, err error) {
 	if c.Bool("shared") {
 		n++
 	}
-	if n != 1 && c.Command.Name == "acquire" {
+	if n != 1 && (c.Command.Name == "acquire" || c.Command.Name == "release") {
 		return 0, false, false, fmt.Errorf("give exactly one of --lock N, --exclusive, --shared")
 	}
 	return c.Int("lock"), c.Bool("exclusive") || c.Bool("shared"), c.Bool("exclusive"), nil
@@ -166,6 +181,13 @@ func lockAcquire(c *cli.Context) error {
 		fmt.Fprintf(w, "lock %d acquired, fencing token %d\n", n, l.Token())
 		release = l.Unlock
 	}
+	if pf := c.String("pid-file"); pf != "" {
+		if err := os.WriteFile(pf, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+			release(context.Background())
+			return fmt.Errorf("--pid-file: %w", err)
+		}
+		defer os.Remove(pf)
+	}
 	<-ctx.Done()
 	rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -215,4 +237,67 @@ func lockStatus(c *cli.Context) error {
 	}
 	fmt.Fprintf(w, "reservation: %s\n", describeReservation(excl, holders))
 	return nil
+}
+
+func lockRelease(c *cli.Context) error {
+	n, _, _, err := lockTarget(c)
+	if err != nil {
+		return err
+	}
+	pf := c.String("pid-file")
+	if pf == "" {
+		return fmt.Errorf("--pid-file is required: locks belong to the session of the `rinit lock acquire` holding them")
+	}
+	b, err := os.ReadFile(pf)
+	if err != nil {
+		return fmt.Errorf("--pid-file: %w (is the lock still held?)", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return fmt.Errorf("--pid-file %s: no pid in it", pf)
+	}
+	log, err := clix.Logger(c, os.Stderr)
+	if err != nil {
+		return err
+	}
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		return fmt.Errorf("signal the holder (pid %d): %w", pid, err)
+	}
+	cl, err := connect(c, log)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+	defer cancel()
+	for {
+		var held bool
+		var who string
+		if n >= 0 {
+			who, held, err = cl.LockHolder(ctx, uint32(n))
+		} else {
+			var holders []string
+			_, holders, err = cl.ReservationHolders(ctx)
+			for _, h := range holders {
+				if h == c.String("name") {
+					held, who = true, h
+				}
+			}
+		}
+		if err != nil {
+			return err
+		}
+		if !held {
+			fmt.Fprintln(c.App.Writer, "released")
+			return nil
+		}
+		if syscall.Kill(pid, 0) != nil && n >= 0 && who != c.String("name") {
+			return fmt.Errorf("lock %d is held by initiator %s, not by the process in %s", n, who, pf)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("still held by %s after %s", who, c.Duration("timeout"))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

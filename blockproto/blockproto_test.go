@@ -72,7 +72,10 @@ func TestLoginRejects(t *testing.T) {
 		{"trailing", func(b []byte) []byte { return append(b, 0) }, ErrLength},
 		{"version", func(b []byte) []byte { b[0] = 2; return b }, ErrVersion},
 		{"opcode", func(b []byte) []byte { b[1] = OpProof.u8(); return b }, ErrOpcode},
-		{"flags", func(b []byte) []byte { b[3] = 2; return b }, ErrFlags},
+		{"flags", func(b []byte) []byte { b[3] = 4; return b }, ErrFlags},
+		{"inline without size", func(b []byte) []byte { b[3] = 2; return b }, ErrField},
+		{"inline unaligned", func(b []byte) []byte { b[3], b[14], b[15] = 2, 0x10, 1; return b }, ErrField},
+		{"inline too large", func(b []byte) []byte { b[3], b[13], b[14] = 2, 1, 0; return b }, ErrField},
 		{"tag", func(b []byte) []byte { b[7] = 1; return b }, ErrReserved},
 		{"reserved", func(b []byte) []byte { b[13] = 1; return b }, ErrReserved},
 		{"credits", func(b []byte) []byte { b[8], b[9] = 0, 0; return b }, ErrField},
@@ -155,6 +158,7 @@ func TestWelcomeRoundTrip(t *testing.T) {
 func TestCommands(t *testing.T) {
 	good := []CommandFields{
 		{Op: OpRead, Tag: 3, Offset: 4096, Length: 8192},
+		{Op: OpRead, Flags: FlagInline, Tag: 4, Offset: 512, Length: 4096},
 		{Op: OpWrite, Flags: FlagFUA, Tag: 0x10005, Offset: 512, Length: 512, STag: 0x1234, Token: 99},
 		{Op: OpFlush, Tag: 1},
 		{Op: OpTrim, Offset: 0, Length: 1 << 30, Token: 1},
@@ -183,6 +187,8 @@ func TestCommands(t *testing.T) {
 	}{
 		{CommandFields{Op: OpRead, Length: 0}, ErrField},
 		{CommandFields{Op: OpRead, Length: 1, Flags: FlagFUA}, ErrFlags},
+		{CommandFields{Op: OpWriteReq, Length: 1, Flags: FlagInline}, ErrFlags},
+		{CommandFields{Op: OpWrite, Length: 1, STag: 1, Flags: FlagInline}, ErrFlags},
 		{CommandFields{Op: OpRead, Length: 1, STag: 1}, ErrReserved},
 		{CommandFields{Op: OpRead, Length: 1, Token: 1}, ErrReserved},
 		{CommandFields{Op: OpWrite, Length: 1}, ErrField},
@@ -457,10 +463,161 @@ func TestMaxSizes(t *testing.T) {
 	if _, err := ParseWelcome(w); err != nil {
 		t.Fatal(err)
 	}
+	wi, err := EncodeWelcome(make([]byte, MaxMessage), &WelcomeFields{SessionID: 1, VolumeSize: 4096, MaxTransfer: 4096,
+		Credits: 1, MinIO: 512, PreferredIO: 4096, Inline: MaxInline, Grants: make([]GrantFields, MaxWelcomeGrants)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range MaxWelcomeGrants {
+		wi.Grant(i).Encode(&GrantFields{STag: uint32(i + 1), Len: 4096})
+	}
+	if _, err := ParseWelcome(wi); err != nil {
+		t.Fatal(err)
+	}
+	d, err := EncodeData(make([]byte, DataLen(MaxInline)), &DataFields{Tag: 1, Len: MaxInline})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Check(d); err != nil || len(d) != DataFixedLen+MaxInline {
+		t.Fatalf("largest DATA: %v", err)
+	}
 	r, _ := EncodeResponse(make([]byte, MaxMessage), &ResponseFields{Op: OpResponse, Detail: long})
-	for _, n := range []int{len(m), len(w), len(r), CommandLen, ReadyLen, ChallengeLen, ProofMsgLen} {
+	for _, n := range []int{len(m), len(w), len(wi), len(r), CommandLen, ReadyLen, ChallengeLen, ProofMsgLen} {
 		if n > MaxMessage {
 			t.Fatalf("message of %d bytes > MaxMessage", n)
 		}
+	}
+}
+
+// TestInlineLogin pins the LOGIN's inline field (FlagInline, bytes 12-15).
+func TestInlineLogin(t *testing.T) {
+	f := LoginFields{Credits: 8, Inline: 8192, Initiator: "h", Volume: "v"}
+	m, err := EncodeLogin(make([]byte, MaxMessage), &f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := hex.EncodeToString(m[:16]); got != "0101000200000000"+"0008010100002000" {
+		t.Fatalf("LOGIN head %s", got)
+	}
+	p, err := ParseLogin(m)
+	if err != nil || p.Fields() != f || p.Inline() != 8192 {
+		t.Fatalf("%v %+v", err, p.Fields())
+	}
+	// Without the flag the field is reserved.
+	b := append([]byte(nil), m...)
+	b[3] = 0
+	if _, err := ParseLogin(b); !errors.Is(err, ErrReserved) {
+		t.Fatalf("size without FlagInline: %v", err)
+	}
+	for _, n := range []uint32{100, MaxInline + 512} {
+		if _, err := EncodeLogin(make([]byte, MaxMessage), &LoginFields{Credits: 1, Inline: n, Initiator: "h", Volume: "v"}); !errors.Is(err, ErrField) {
+			t.Errorf("inline %d encoded: %v", n, err)
+		}
+	}
+}
+
+func TestWelcomeInline(t *testing.T) {
+	f := sampleWelcome(t).Fields()
+	f.Inline = 4096
+	m, err := EncodeWelcome(make([]byte, MaxMessage), &f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m) != WelcomeInlineLen+2*GrantLen || Header(m).Flags() != FlagInline {
+		t.Fatalf("length %d flags %#x", len(m), Header(m).Flags())
+	}
+	p, err := ParseWelcome(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := p.Fields()
+	if g.Inline != 4096 || len(g.Grants) != 2 || g.Grants[1] != f.Grants[1] {
+		t.Fatalf("fields %+v", g)
+	}
+	// Without FlagInline a WELCOME is laid out as before.
+	f.Inline = 0
+	plain, _ := EncodeWelcome(make([]byte, MaxMessage), &f)
+	if !bytes.Equal(plain, sampleWelcome(t)) {
+		t.Fatal("WELCOME without inline changed")
+	}
+	bad := map[string]func(b []byte) []byte{
+		"inline 0":         func(b []byte) []byte { clear(b[104:108]); return b },
+		"inline unaligned": func(b []byte) []byte { b[107] = 1; return b },
+		"inline too large": func(b []byte) []byte { b[105] = 1; return b },
+		"reserved":         func(b []byte) []byte { b[111] = 1; return b },
+		"flag cleared":     func(b []byte) []byte { b[3] = 0; return b },
+		"unknown flag":     func(b []byte) []byte { b[3] = 3; return b },
+		"short":            func(b []byte) []byte { b[47] = 0; return b[:110] },
+	}
+	for name, mod := range bad {
+		if _, err := ParseWelcome(mod(append([]byte(nil), m...))); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if _, err := EncodeWelcome(make([]byte, MaxMessage), &WelcomeFields{MinIO: 4096, Inline: 512}); !errors.Is(err, ErrField) {
+		t.Fatalf("inline below min I/O: %v", err)
+	}
+}
+
+func TestData(t *testing.T) {
+	f := DataFields{Tag: 0x20003, Grant: GrantFields{STag: 0x99, Len: 4096}, Len: 1024}
+	b := make([]byte, DataLen(MaxInline))
+	m, err := EncodeData(b, &f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range m.Payload() {
+		m.Payload()[i] = byte(i)
+	}
+	want := "01230000 00020003" + "00000099 00001000 0000000000000000" + "00000400 00000000"
+	if got := hex.EncodeToString(m[:DataFixedLen]); got != strings.ReplaceAll(want, " ", "") {
+		t.Fatalf("DATA head %s", got)
+	}
+	p, err := ParseData(m)
+	if err != nil || p.Fields() != f || len(p.Payload()) != 1024 || p.Payload()[1023] != byte(1023&0xff) {
+		t.Fatalf("%v %+v", err, p.Fields())
+	}
+	if h, err := Check(m); err != nil || h.Opcode() != OpData || OpData.String() != "DATA" {
+		t.Fatalf("Check: %v", err)
+	}
+	cases := []struct {
+		name string
+		mod  func(b []byte) []byte
+		kind error
+	}{
+		{"short", func(b []byte) []byte { return b[:20] }, ErrShort},
+		{"trailing", func(b []byte) []byte { return append(b, 0) }, ErrLength},
+		{"truncated", func(b []byte) []byte { return b[:len(b)-1] }, ErrLength},
+		{"length 0", func(b []byte) []byte { clear(b[24:28]); return b[:DataFixedLen] }, ErrField},
+		{"length above max", func(b []byte) []byte { b[25] = 1; return b }, ErrField},
+		{"flags", func(b []byte) []byte { b[3] = 2; return b }, ErrFlags},
+		{"reserved", func(b []byte) []byte { b[30] = 1; return b }, ErrReserved},
+		{"grant no stag", func(b []byte) []byte { clear(b[8:12]); return b }, ErrReserved},
+		{"grant len 0", func(b []byte) []byte { clear(b[12:16]); return b }, ErrField},
+		{"opcode", func(b []byte) []byte { b[1] = OpReady.u8(); return b[:ReadyLen] }, ErrOpcode},
+	}
+	for _, c := range cases {
+		_, err := ParseData(c.mod(append([]byte(nil), m...)))
+		if !errors.Is(err, c.kind) {
+			t.Errorf("%s: got %v, want %v", c.name, err, c.kind)
+		}
+	}
+	// Only a DATA may exceed MaxMessage, and by at most MaxInline.
+	big, _ := EncodeData(make([]byte, DataLen(MaxInline)), &DataFields{Len: MaxInline})
+	if _, err := ParseHeader(append(big, 0)); !errors.Is(err, ErrLength) {
+		t.Fatalf("oversized DATA: %v", err)
+	}
+	r := make([]byte, MaxMessage+1)
+	Header(r).Encode(&HeaderFields{Opcode: OpResponse})
+	if _, err := ParseHeader(r); !errors.Is(err, ErrLength) {
+		t.Fatalf("oversized RESPONSE: %v", err)
+	}
+	for _, n := range []uint32{0, MaxInline + 1} {
+		if _, err := EncodeData(b, &DataFields{Len: n}); !errors.Is(err, ErrField) {
+			t.Errorf("DATA of %d encoded: %v", n, err)
+		}
+	}
+	if _, err := EncodeData(make([]byte, 40), &DataFields{Len: 512}); !errors.Is(err, ErrShort) {
+		t.Fatalf("short buffer: %v", err)
 	}
 }

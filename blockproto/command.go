@@ -30,6 +30,9 @@ func (c Command) Flags() uint16 { return Header(c).Flags() }
 // FUA reports FlagFUA.
 func (c Command) FUA() bool { return c.Flags()&FlagFUA != 0 }
 
+// Inline reports FlagInline (READ: answer with DATA).
+func (c Command) Inline() bool { return c.Op() == OpRead && c.Flags()&FlagInline != 0 }
+
 // Tag returns the request tag.
 func (c Command) Tag() uint32 { return Header(c).Tag() }
 
@@ -70,7 +73,7 @@ type commandRule struct {
 }
 
 var commandRules = map[Opcode]commandRule{
-	OpRead:        {offset: true, length: true, needLength: true},
+	OpRead:        {flags: FlagInline, offset: true, length: true, needLength: true},
 	OpWrite:       {flags: FlagFUA, offset: true, length: true, stag: true, token: true, needLength: true, needSTag: true},
 	OpFlush:       {},
 	OpTrim:        {offset: true, length: true, token: true, needLength: true},

@@ -12,8 +12,10 @@
 // Every message is one RDMA Send (RFC 5040) on an RC connection set up by
 // the MPA exchange; some are Sends with Invalidate. All message integers are
 // big-endian. A message is at most MaxMessage (1024) bytes and every
-// receive buffer either side posts is at least that long. Every message
-// starts with an 8-byte header:
+// receive buffer either side posts is at least that long, except DATA (an
+// inline read's answer, below): at most 32 + MaxInline (16384) bytes, and
+// an initiator that asks for inline reads of up to I bytes posts receives
+// of at least 32 + I bytes. Every message starts with an 8-byte header:
 //
 //	0   u8   version, 1
 //	1   u8   opcode
@@ -40,12 +42,14 @@
 //	                                   table, grants, target proof)
 //	                                   or REJECT (status, reason)
 //
-// LOGIN (opcode 0x01, flags FlagJoin), 56 bytes + names:
+// LOGIN (opcode 0x01, flags FlagJoin 0x1, FlagInline 0x2), 56 bytes +
+// names:
 //
 //	8   u16  credits requested (queue depth of this QP), > 0
 //	10  u8   initiator name length n (1-255)
 //	11  u8   volume name length v (1-255)
-//	12  u32  reserved, 0
+//	12  u32  FlagInline: I, the largest inline read the initiator takes on
+//	         this QP (a multiple of 512, 512-MaxInline); else 0
 //	16  u64  session ID to join (FlagJoin), else 0
 //	24  [32] initiator nonce Ni
 //	56  [n]  initiator name, then [v] volume name (UTF-8, no control
@@ -56,7 +60,8 @@
 //
 // PROOF (0x03), 40 bytes: 8 [32] initiator proof.
 //
-// WELCOME (0x04), 104 bytes + 16 per grant:
+// WELCOME (0x04, flags FlagInline), 104 bytes (112 with FlagInline) + 16
+// per grant:
 //
 //	8   u64  session ID (random, non-zero)
 //	16  u64  target boot ID (random per target process start)
@@ -74,12 +79,27 @@
 //	66  u16  preferred I/O: the store's block size (4096)
 //	68  u32  volume flags: 0x1 read-only
 //	72  [32] target proof
-//	104 [g]  grants (buffer descriptors, below)
+//	104 u32  FlagInline only: the inline limit L of this QP, a multiple of
+//	         min I/O, 0 < L <= the LOGIN's I
+//	108 u32  FlagInline only: reserved, 0
+//	104 [g]  grants (buffer descriptors, below); at 112 with FlagInline
+//
+// The target sets FlagInline only if the LOGIN did and it answers inline
+// reads; then READs of at most L bytes may ask for DATA (below). Without
+// the flag the WELCOME is laid out as it always was, so an initiator that
+// never asks sees no change.
 //
 // REJECT (0x05) has the RESPONSE layout (below), tag 0, no grant and a
 // status other than OK; the target closes the QP after it. A LOGIN with
 // another version byte than 1 is answered with a version-1 REJECT with
 // StatusVersion and Value = the highest version the target speaks.
+//
+// Inline reads are a feature of version 1 negotiated per QP: targets that
+// predate them refuse a LOGIN with FlagInline as malformed (REJECT,
+// StatusProtocol). An initiator that gets that REJECT to a LOGIN asking for
+// inline reads logs in again without FlagInline (and need not ask that
+// target again); it never assumes inline reads without a WELCOME that has
+// FlagInline.
 //
 // # Authentication
 //
@@ -120,17 +140,19 @@
 //
 // An exchange sends at most two initiator messages (READ then RELEASE,
 // WRITE_REQ then WRITE) and the target answers each command with exactly
-// one message (READY or RESPONSE; after a WRITE_REQ's READY, the WRITE's
-// RESPONSE). The target processes its receive queue in order and reposts
+// one message (READY, DATA or RESPONSE; after a WRITE_REQ's READY, the
+// WRITE's RESPONSE). The target processes its receive queue in order and reposts
 // each receive before it acts on it, so an answer to a message proves that
 // every earlier message's receive was reposted; hence at most 2 messages
 // per slot are ever unprocessed and the target keeps 2C receives posted.
 // The target sends at most one message per slot at a time plus one
-// GOODBYE, so the initiator keeps C+1 receives posted. The last message of
-// an exchange:
+// GOODBYE, so the initiator keeps C+1 receives posted (each large enough
+// for a DATA if it asked for inline reads: any of them may get one). The
+// last message of an exchange:
 //
 //	READ          READY (then RELEASE, which ends the exchange), or
 //	              RESPONSE with an error
+//	READ inline   DATA, or RESPONSE with an error
 //	WRITE_REQ     READY, then the WRITE's RESPONSE; or RESPONSE with an
 //	              error; or READY then RELEASE of that buffer (abandoned)
 //	other         RESPONSE
@@ -164,13 +186,20 @@
 // transfer; the range lies inside the volume. Otherwise the RESPONSE says
 // StatusInvalid, StatusTooLarge or StatusRange.
 //
-//	READ (0x10)          offset, length. The target reads the data into a
+//	READ (0x10, Inline)  offset, length. The target reads the data into a
 //	                     buffer, fast-registers exactly those bytes
 //	                     remote-read-only and sends READY naming them. The
 //	                     initiator RDMA-Reads them, then sends RELEASE as a
 //	                     Send with Invalidate naming the STag. A buffer not
 //	                     released within the target's lease, or at session
 //	                     end, is invalidated locally.
+//	                     With FlagInline (0x2; only on a QP whose WELCOME
+//	                     has FlagInline, length <= its L; otherwise
+//	                     StatusTooLarge) the target answers with DATA
+//	                     carrying the bytes, and the exchange ends there: no
+//	                     STag, no RDMA Read, no RELEASE. The store checks
+//	                     every block's checksum before the data is sent, as
+//	                     for READY; a failure is a RESPONSE with the error.
 //	WRITE (0x11, FUA)    offset, length, STag, token; sent as a Send with
 //	                     Invalidate naming STag after RDMA-Writing the data
 //	                     into it: into a write grant at TO = grant TO +
@@ -220,6 +249,16 @@
 // READY (0x21), 40 bytes: 8 [16] the request's buffer descriptor, 24 [16] a
 // new write grant (STag 0: none).
 //
+// DATA (0x23), 32 bytes + n, the answer to a READ with FlagInline:
+//
+//	8   [16] a new write grant (STag 0: none)
+//	24  u32  n, the data length: the READ's length (1-MaxInline)
+//	28  u32  reserved, 0
+//	32  [n]  the data
+//
+// A RESPONSE with StatusOK never answers a READ: its success is READY or
+// DATA.
+//
 // GOODBYE (0x22): the target is ending the session (shutdown); commands
 // still outstanding get no answer and the QP closes. The initiator may
 // reconnect and replay them. Value 1 (GoodbyeSynced): the target flushed
@@ -227,8 +266,8 @@
 // session is durable.
 //
 // Write grants are per QP. The target keeps at most C of them outstanding
-// on a QP and tops the initiator up through RESPONSEs and READYs; a WRITE
-// consumes the grant it invalidates.
+// on a QP and tops the initiator up through RESPONSEs, READYs and DATAs; a
+// WRITE consumes the grant it invalidates.
 //
 // # Locks
 //

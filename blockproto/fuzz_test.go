@@ -10,11 +10,33 @@ import (
 func seeds(t testing.TB) [][]byte {
 	var out [][]byte
 	out = append(out, sampleLogin(t, false), sampleLogin(t, true), sampleWelcome(t))
+	il, err := EncodeLogin(make([]byte, MaxMessage), &LoginFields{Credits: 4, Inline: 8192, Initiator: "i", Volume: "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf := sampleWelcome(t).Fields()
+	wf.Inline = 4096
+	iw, err := EncodeWelcome(make([]byte, MaxMessage), &wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = append(out, il, iw)
+	for _, f := range []DataFields{{Tag: 6, Len: 512}, {Tag: 7, Grant: GrantFields{STag: 3, Len: 4096, TO: 64}, Len: 4096}} {
+		m, err := EncodeData(make([]byte, DataLen(int(f.Len))), &f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range m.Payload() {
+			m.Payload()[i] = byte(i * 7)
+		}
+		out = append(out, m)
+	}
 	var n [NonceLen]byte
 	out = append(out, EncodeChallenge(make([]byte, ChallengeLen), &n))
 	out = append(out, EncodeProof(make([]byte, ProofMsgLen), make([]byte, ProofLen)))
 	for _, f := range []CommandFields{
 		{Op: OpRead, Tag: 3, Offset: 4096, Length: 8192},
+		{Op: OpRead, Flags: FlagInline, Tag: 8, Offset: 512, Length: 4096},
 		{Op: OpWrite, Flags: FlagFUA, Tag: 5, Offset: 512, Length: 512, STag: 0x1234, Token: 99},
 		{Op: OpFlush}, {Op: OpTrim, Length: 4096}, {Op: OpWriteZeroes, Length: 512},
 		{Op: OpWriteReq, Length: 1 << 20}, {Op: OpRelease, STag: 9}, {Op: OpHolder, Offset: 2},
@@ -172,5 +194,23 @@ func FuzzReady(f *testing.F) {
 		}
 		fl := m.Fields()
 		reencode(t, "READY", b, EncodeReady(make([]byte, ReadyLen), &fl))
+	})
+}
+
+func FuzzData(f *testing.F) {
+	addSeeds(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := ParseData(b)
+		if err != nil {
+			isDecodeError(t, err)
+			return
+		}
+		fl := m.Fields()
+		out, err := EncodeData(make([]byte, DataLen(MaxInline)), &fl)
+		if err != nil {
+			t.Fatalf("decoded DATA does not encode: %v", err)
+		}
+		copy(out.Payload(), m.Payload())
+		reencode(t, "DATA", b, out)
 	})
 }

@@ -8,15 +8,22 @@ const Version = 1
 // HeaderLen is the length of the header every message starts with.
 const HeaderLen = 8
 
-// MaxMessage is the largest message either side sends: every receive buffer
-// is at least this long.
+// MaxMessage is the largest message either side sends, except DATA: every
+// receive buffer is at least this long.
 const MaxMessage = 1024
+
+// MaxInline is the largest inline read: the most data a DATA carries. A
+// DATA is at most DataFixedLen + MaxInline bytes; an initiator that asks
+// for inline reads of up to n bytes posts receives of at least
+// max(MaxMessage, DataFixedLen+n) bytes.
+const MaxInline = 16384
 
 // Opcode identifies a message.
 type Opcode uint8
 
 // Opcodes. The initiator sends Login, Proof and the commands (0x10..0x17);
-// the target sends Challenge, Welcome, Reject, Response, Ready and Goodbye.
+// the target sends Challenge, Welcome, Reject, Response, Ready, Goodbye and
+// Data.
 const (
 	OpLogin       Opcode = 0x01
 	OpChallenge   Opcode = 0x02
@@ -34,13 +41,14 @@ const (
 	OpResponse    Opcode = 0x20
 	OpReady       Opcode = 0x21
 	OpGoodbye     Opcode = 0x22
+	OpData        Opcode = 0x23
 )
 
 var opNames = map[Opcode]string{
 	OpLogin: "LOGIN", OpChallenge: "CHALLENGE", OpProof: "PROOF", OpWelcome: "WELCOME", OpReject: "REJECT",
 	OpRead: "READ", OpWrite: "WRITE", OpFlush: "FLUSH", OpTrim: "TRIM", OpWriteZeroes: "WRITE_ZEROES",
 	OpWriteReq: "WRITE_REQ", OpRelease: "RELEASE", OpHolder: "HOLDER", OpResponse: "RESPONSE",
-	OpReady: "READY", OpGoodbye: "GOODBYE",
+	OpReady: "READY", OpGoodbye: "GOODBYE", OpData: "DATA",
 }
 
 func (o Opcode) String() string {
@@ -66,6 +74,10 @@ const (
 	FlagFUA uint16 = 0x0001
 	// FlagJoin (LOGIN): add a QP to an existing session.
 	FlagJoin uint16 = 0x0001
+	// FlagInline (LOGIN): the initiator takes inline reads up to the size
+	// the LOGIN names; (WELCOME): the target answers them, up to the size
+	// the WELCOME names; (READ): answer with DATA, the data inline.
+	FlagInline uint16 = 0x0002
 )
 
 // Header is a view of the 8-byte header every message starts with.
@@ -126,8 +138,12 @@ func ParseHeader(b []byte) (Header, error) {
 	if len(b) < HeaderLen {
 		return nil, errorf(ErrShort, "message of %d bytes, shorter than the %d-byte header", len(b), HeaderLen)
 	}
-	if len(b) > MaxMessage {
-		return nil, errorf(ErrLength, "message of %d bytes, longer than the %d-byte maximum", len(b), MaxMessage)
+	limit := MaxMessage
+	if Opcode(b[1]) == OpData {
+		limit = DataFixedLen + MaxInline
+	}
+	if len(b) > limit {
+		return nil, errorf(ErrLength, "message of %d bytes, longer than the %d-byte maximum", len(b), limit)
 	}
 	if b[0] != Version {
 		return nil, errorf(ErrVersion, "protocol version %d, this side speaks %d", b[0], Version)

@@ -17,8 +17,11 @@ type Login []byte
 
 // LoginFields are a LOGIN's fields.
 type LoginFields struct {
-	Join      bool   // FlagJoin: add this QP to session SessionID
-	Credits   uint16 // queue depth the initiator asks for on this QP
+	Join    bool   // FlagJoin: add this QP to session SessionID
+	Credits uint16 // queue depth the initiator asks for on this QP
+	// Inline (FlagInline when non-zero): the largest inline read the
+	// initiator takes on this QP, a multiple of 512 up to MaxInline.
+	Inline    uint32
 	SessionID uint64 // with Join; 0 otherwise
 	Nonce     [NonceLen]byte
 	Initiator string
@@ -27,6 +30,9 @@ type LoginFields struct {
 
 // Join reports FlagJoin.
 func (m Login) Join() bool { return Header(m).Flags()&FlagJoin != 0 }
+
+// Inline returns the largest inline read the initiator takes (0: none).
+func (m Login) Inline() uint32 { return binary.BigEndian.Uint32(m[12:16]) }
 
 // Credits returns the requested queue depth.
 func (m Login) Credits() uint16 { return binary.BigEndian.Uint16(m[8:10]) }
@@ -62,16 +68,22 @@ func EncodeLogin(b []byte, f *LoginFields) (Login, error) {
 	if len(b) < n {
 		return nil, errorf(ErrShort, "buffer of %d bytes for a %d-byte LOGIN", len(b), n)
 	}
+	if !validInline(f.Inline, MinInlineUnit) && f.Inline != 0 {
+		return nil, errorf(ErrField, "LOGIN inline size %d is not a multiple of %d up to %d", f.Inline, MinInlineUnit, MaxInline)
+	}
 	m := Login(b[:n])
 	var flags uint16
 	if f.Join {
 		flags = FlagJoin
 	}
+	if f.Inline != 0 {
+		flags |= FlagInline
+	}
 	Header(m).Encode(&HeaderFields{Opcode: OpLogin, Flags: flags})
 	binary.BigEndian.PutUint16(m[8:10], f.Credits)
 	m[10] = uint8(len(f.Initiator))
 	m[11] = uint8(len(f.Volume))
-	clear(m[12:16])
+	binary.BigEndian.PutUint32(m[12:16], f.Inline)
 	binary.BigEndian.PutUint64(m[16:24], f.SessionID)
 	copy(m[24:56], f.Nonce[:])
 	copy(m[LoginFixedLen:], f.Initiator)
@@ -81,24 +93,32 @@ func EncodeLogin(b []byte, f *LoginFields) (Login, error) {
 
 // Fields returns the LOGIN's fields.
 func (m Login) Fields() LoginFields {
-	f := LoginFields{Join: m.Join(), Credits: m.Credits(), SessionID: m.SessionID(),
+	f := LoginFields{Join: m.Join(), Credits: m.Credits(), Inline: m.Inline(), SessionID: m.SessionID(),
 		Initiator: string(m.Initiator()), Volume: string(m.Volume())}
 	copy(f.Nonce[:], m.Nonce())
 	return f
 }
 
 // ParseLogin checks a LOGIN: exact length, flags, reserved bytes, names,
-// and that a join names a session and a new session does not.
+// the inline size (with FlagInline a multiple of 512 up to MaxInline, else
+// 0), and that a join names a session and a new session does not.
 func ParseLogin(b []byte) (Login, error) {
-	if err := expect(b, OpLogin, LoginFixedLen, FlagJoin); err != nil {
+	if err := expect(b, OpLogin, LoginFixedLen, FlagJoin|FlagInline); err != nil {
 		return nil, err
 	}
 	m := Login(b)
 	if n := LoginFixedLen + m.nameLen() + m.volumeLen(); len(b) != n {
 		return nil, errorf(ErrLength, "LOGIN of %d bytes, names say %d", len(b), n)
 	}
-	if Header(b).Tag() != 0 || binary.BigEndian.Uint32(b[12:16]) != 0 {
-		return nil, errorf(ErrReserved, "LOGIN tag or reserved bytes 12-15 not zero")
+	if Header(b).Tag() != 0 {
+		return nil, errorf(ErrReserved, "LOGIN tag not zero")
+	}
+	if Header(b).Flags()&FlagInline == 0 {
+		if m.Inline() != 0 {
+			return nil, errorf(ErrReserved, "LOGIN inline size %d without FlagInline", m.Inline())
+		}
+	} else if !validInline(m.Inline(), MinInlineUnit) {
+		return nil, errorf(ErrField, "LOGIN inline size %d is not a multiple of %d in 1-%d", m.Inline(), MinInlineUnit, MaxInline)
 	}
 	if m.Credits() == 0 {
 		return nil, errorf(ErrField, "LOGIN asks for zero credits")

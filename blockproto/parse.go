@@ -20,6 +20,8 @@ func Check(b []byte) (Header, error) {
 		_, err = ParseResponse(b)
 	case op == OpReady:
 		_, err = ParseReady(b)
+	case op == OpData:
+		_, err = ParseData(b)
 	case op.IsCommand():
 		_, err = ParseCommand(b)
 	}

@@ -2,8 +2,12 @@ package blockproto
 
 import "encoding/binary"
 
-// WelcomeFixedLen is the length of a WELCOME before its grants.
-const WelcomeFixedLen = 104
+// WelcomeFixedLen is the length of a WELCOME before its grants; a WELCOME
+// with FlagInline has WelcomeInlineLen bytes before them.
+const (
+	WelcomeFixedLen  = 104
+	WelcomeInlineLen = 112
+)
 
 // MaxWelcomeGrants is the most grants a WELCOME carries.
 const MaxWelcomeGrants = 16
@@ -35,7 +39,10 @@ type WelcomeFields struct {
 	PreferredIO uint16 // the store's block size (4096)
 	VolumeFlags uint32
 	TargetProof [ProofLen]byte
-	Grants      []GrantFields // at most MaxWelcomeGrants
+	// Inline (FlagInline when non-zero): the largest READ the target
+	// answers inline on this QP, a multiple of MinIO up to MaxInline.
+	Inline uint32
+	Grants []GrantFields // at most MaxWelcomeGrants
 }
 
 // SessionID returns the session's ID.
@@ -86,14 +93,35 @@ func (m Welcome) VolumeFlags() uint32 { return binary.BigEndian.Uint32(m[68:72])
 // TargetProof returns the target's proof of the secret.
 func (m Welcome) TargetProof() []byte { return m[72:104] }
 
+// Inline returns the largest READ answered inline (0: none).
+func (m Welcome) Inline() uint32 {
+	if Header(m).Flags()&FlagInline == 0 {
+		return 0
+	}
+	return binary.BigEndian.Uint32(m[104:108])
+}
+
+func (m Welcome) fixedLen() int {
+	if Header(m).Flags()&FlagInline != 0 {
+		return WelcomeInlineLen
+	}
+	return WelcomeFixedLen
+}
+
 // Grant returns grant i (i < GrantCount()).
 func (m Welcome) Grant(i int) Grant {
-	s := WelcomeFixedLen + i*GrantLen
+	s := m.fixedLen() + i*GrantLen
 	return Grant(m[s : s+GrantLen])
 }
 
 // WelcomeLen is the encoded length of f.
-func WelcomeLen(f *WelcomeFields) int { return WelcomeFixedLen + len(f.Grants)*GrantLen }
+func WelcomeLen(f *WelcomeFields) int {
+	n := WelcomeFixedLen
+	if f.Inline != 0 {
+		n = WelcomeInlineLen
+	}
+	return n + len(f.Grants)*GrantLen
+}
 
 // EncodeWelcome writes a WELCOME into b (at least WelcomeLen(f) bytes).
 func EncodeWelcome(b []byte, f *WelcomeFields) (Welcome, error) {
@@ -104,8 +132,17 @@ func EncodeWelcome(b []byte, f *WelcomeFields) (Welcome, error) {
 	if len(b) < n {
 		return nil, errorf(ErrShort, "buffer of %d bytes for a %d-byte WELCOME", len(b), n)
 	}
+	if f.Inline != 0 && !validInline(f.Inline, uint64(f.MinIO)) {
+		return nil, errorf(ErrField, "WELCOME inline size %d is not a multiple of %d up to %d", f.Inline, f.MinIO, MaxInline)
+	}
 	m := Welcome(b[:n])
-	Header(m).Encode(&HeaderFields{Opcode: OpWelcome})
+	var flags uint16
+	if f.Inline != 0 {
+		flags = FlagInline
+		binary.BigEndian.PutUint32(m[104:108], f.Inline)
+		clear(m[108:112])
+	}
+	Header(m).Encode(&HeaderFields{Opcode: OpWelcome, Flags: flags})
 	be := binary.BigEndian
 	be.PutUint64(m[8:16], f.SessionID)
 	be.PutUint64(m[16:24], f.BootID)
@@ -134,7 +171,7 @@ func (m Welcome) Fields() WelcomeFields {
 	f := WelcomeFields{SessionID: m.SessionID(), BootID: m.BootID(), VolumeSize: m.VolumeSize(),
 		VolumeID: m.VolumeID(), MaxTransfer: m.MaxTransfer(), GrantSize: m.GrantSize(), Credits: m.Credits(),
 		Slot: m.Slot(), LockSTag: m.LockSTag(), LockCount: m.LockCount(), LockTO: m.LockTO(), MinIO: m.MinIO(),
-		PreferredIO: m.PreferredIO(), VolumeFlags: m.VolumeFlags()}
+		PreferredIO: m.PreferredIO(), VolumeFlags: m.VolumeFlags(), Inline: m.Inline()}
 	copy(f.TargetProof[:], m.TargetProof())
 	if n := m.GrantCount(); n > 0 {
 		f.Grants = make([]GrantFields, n)
@@ -148,17 +185,21 @@ func (m Welcome) Fields() WelcomeFields {
 // ParseWelcome checks a WELCOME: length, geometry (a positive size that is
 // a multiple of MinIO, MinIO and PreferredIO powers of two with MinIO <=
 // PreferredIO, MaxTransfer and GrantSize multiples of MinIO), credits, slot,
-// flags and every grant.
+// flags, the inline size (FlagInline: a multiple of MinIO up to MaxInline)
+// and every grant.
 func ParseWelcome(b []byte) (Welcome, error) {
-	if err := expect(b, OpWelcome, WelcomeFixedLen, 0); err != nil {
+	if err := expect(b, OpWelcome, WelcomeFixedLen, FlagInline); err != nil {
 		return nil, err
 	}
 	m := Welcome(b)
+	if len(b) < m.fixedLen() {
+		return nil, errorf(ErrShort, "WELCOME of %d bytes, shorter than its %d-byte fixed part", len(b), m.fixedLen())
+	}
 	g := m.GrantCount()
 	if g > MaxWelcomeGrants {
 		return nil, errorf(ErrField, "WELCOME with %d grants, at most %d", g, MaxWelcomeGrants)
 	}
-	if n := WelcomeFixedLen + g*GrantLen; len(b) != n {
+	if n := m.fixedLen() + g*GrantLen; len(b) != n {
 		return nil, errorf(ErrLength, "WELCOME of %d bytes, %d grants say %d", len(b), g, n)
 	}
 	if Header(b).Tag() != 0 {
@@ -179,6 +220,14 @@ func ParseWelcome(b []byte) (Welcome, error) {
 	}
 	if m.Credits() == 0 {
 		return nil, errorf(ErrField, "WELCOME grants zero credits")
+	}
+	if m.fixedLen() == WelcomeInlineLen {
+		if !validInline(m.Inline(), min) {
+			return nil, errorf(ErrField, "WELCOME inline size %d is not a multiple of %d in 1-%d", m.Inline(), min, MaxInline)
+		}
+		if !zero(m[108:112]) {
+			return nil, errorf(ErrReserved, "WELCOME reserved bytes 108-111 not zero")
+		}
 	}
 	if m.Slot() > MaxSlot && m.Slot() != NoSlot {
 		return nil, errorf(ErrField, "WELCOME reservation slot %d", m.Slot())

@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+
+	"github.com/rnic-dev/rnic/blockproto"
+	"github.com/rnic-dev/rnic/initiator"
+	"github.com/rnic-dev/rnic/target"
 )
 
 // BenchmarkReadAt and BenchmarkWriteAt: one 4 KiB (or 1 MiB) request at a
@@ -47,5 +51,34 @@ func benchIO(b *testing.B, write bool) {
 			}
 			wg.Wait()
 		})
+	}
+}
+
+// BenchmarkReadInline compares, size by size at QD1, reads answered
+// inline (DATA) with reads through READY + RDMA Read + RELEASE: the data
+// behind the inline limit's default.
+func BenchmarkReadInline(b *testing.B) {
+	for _, size := range []int{4096, 8192, 16384} {
+		for _, inline := range []bool{false, true} {
+			b.Run(fmt.Sprintf("%dK-inline=%v", size>>10, inline), func(b *testing.B) {
+				e := newEnv(b, envOpts{size: 64 << 20, tcfg: func(c *target.Config) { c.MaxInline = blockproto.MaxInline }})
+				cl := e.client("bench", func(c *initiator.Config) {
+					c.InlineRead = -1
+					if inline {
+						c.InlineRead = size
+					}
+				})
+				defer cl.Close()
+				ctx := context.Background()
+				buf := make([]byte, size)
+				b.SetBytes(int64(size))
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if err := cl.ReadAt(ctx, buf, int64(i*size)%(32<<20)); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }

@@ -35,6 +35,9 @@ type Client struct {
 	// fence is the token WriteAt, Trim and WriteZeroes carry (0: none).
 	fence   atomic.Uint64
 	lockSeq atomic.Uint64
+	// noInline: the target refused a LOGIN asking for inline reads (it
+	// predates them); later logins do not ask.
+	noInline atomic.Bool
 
 	mu        sync.Mutex
 	sess      *session // nil while reconnecting

@@ -9,6 +9,9 @@ import (
 	"github.com/rnic-dev/rnic/rnic"
 )
 
+// DefaultInlineRead is Config.InlineRead's default.
+const DefaultInlineRead = 8192
+
 // Config configures a Client.
 type Config struct {
 	Addr      string // the target, "host:port"
@@ -24,6 +27,11 @@ type Config struct {
 	QueueDepth  int   // credits asked for per QP: 32
 	BounceBytes int64 // registered staging memory: 64 MiB
 	ORD         int   // outstanding RDMA Reads and atomics per QP: 16
+	// InlineRead is the largest read asked for inline: the target answers
+	// it with the data in its Send (DATA) instead of advertising a buffer
+	// to RDMA-Read, if it offers inline reads. 8 KiB (a multiple of 512,
+	// at most blockproto.MaxInline); negative: none.
+	InlineRead int
 
 	LoginTimeout time.Duration // per QP login: 10 s
 	// Reconnect backoff: starts at ReconnectMin, doubles to ReconnectMax.
@@ -54,6 +62,12 @@ func (c *Config) fill() error {
 	def(&c.QPs, 2)
 	def(&c.QueueDepth, 32)
 	def(&c.ORD, 16)
+	if c.InlineRead == 0 {
+		c.InlineRead = DefaultInlineRead
+	}
+	if c.InlineRead > blockproto.MaxInline || c.InlineRead > 0 && c.InlineRead%minIO != 0 {
+		return fmt.Errorf("%w: InlineRead %d must be a multiple of %d up to %d", ErrInvalid, c.InlineRead, minIO, blockproto.MaxInline)
+	}
 	if c.QueueDepth > 1<<15 {
 		c.QueueDepth = 1 << 15
 	}

@@ -25,6 +25,7 @@ const (
 	stageReadReady         // READ: READY (or an error RESPONSE)
 	stageReadData          // READ: the RDMA Read's completion
 	stageWriteReady        // WRITE_REQ: READY (or an error RESPONSE)
+	stageReadInline        // READ with FlagInline: DATA (or an error RESPONSE)
 )
 
 // islot is one credit: one exchange at a time.
@@ -95,7 +96,10 @@ func (sl *islot) run(ctx context.Context) (keep bool, res result, err error) {
 	var n int
 	switch sl.op {
 	case blockproto.OpRead:
-		sl.stage = stageReadReady
+		sl.stage, sl.flags = stageReadReady, 0
+		if sl.n <= q.inline {
+			sl.stage, sl.flags = stageReadInline, blockproto.FlagInline
+		}
 		sl.sge[0] = sl.command(blockproto.OpRead, 0)
 		sl.wrs[0] = rnic.SendWR{Op: rnic.WRSend, Unsignaled: true, SGL: sl.sge[:1]}
 		n = 1
@@ -199,6 +203,9 @@ func (sl *islot) onResponse(r blockproto.Response) error {
 	if sl.stage == stageReadData {
 		return fmt.Errorf("%w: RESPONSE during a READ's data transfer", ErrProtocol)
 	}
+	if (sl.stage == stageReadReady || sl.stage == stageReadInline) && r.Status() == blockproto.StatusOK {
+		return fmt.Errorf("%w: RESPONSE with status OK to a READ", ErrProtocol)
+	}
 	sl.status, sl.value = r.Status(), r.Value()
 	if d := r.Detail(); len(d) > 0 {
 		sl.detail = string(d)
@@ -207,6 +214,26 @@ func (sl *islot) onResponse(r blockproto.Response) error {
 	if sl.status == blockproto.StatusOK {
 		sl.q.s.c.noteAck(sl.q.s, sl.op, sl.flags)
 	}
+	sl.finish()
+	return nil
+}
+
+// onData handles a DATA, the answer to a READ with FlagInline: its data
+// goes to the slot's staging buffer (the caller's memory is not touched
+// from the poller), and the exchange ends.
+func (sl *islot) onData(m blockproto.Data) error {
+	if st := sl.state.Load(); st != slotInflight && st != slotAbandoned {
+		return fmt.Errorf("%w: DATA for idle slot %d", ErrProtocol, sl.idx)
+	}
+	if sl.stage != stageReadInline {
+		return fmt.Errorf("%w: DATA for slot %d, which did not ask for one", ErrProtocol, sl.idx)
+	}
+	if m.Len() != sl.n {
+		return fmt.Errorf("%w: DATA of %d bytes for a %d-byte READ", ErrProtocol, m.Len(), sl.n)
+	}
+	copy(sl.bounce.b, m.Payload())
+	sl.q.putGrant(m.Grant().Fields())
+	sl.status = blockproto.StatusOK
 	sl.finish()
 	return nil
 }

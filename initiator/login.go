@@ -54,7 +54,8 @@ func (q *iqp) login(ctx context.Context, join bool) error {
 	if err != nil {
 		return err
 	}
-	f := blockproto.LoginFields{Credits: uint16(q.credits), Nonce: nonce, Initiator: c.cfg.Initiator, Volume: c.cfg.Volume}
+	f := blockproto.LoginFields{Credits: uint16(q.credits), Inline: uint32(q.askInline), Nonce: nonce,
+		Initiator: c.cfg.Initiator, Volume: c.cfg.Volume}
 	if join {
 		f.Join, f.SessionID = true, s.id
 	}
@@ -114,6 +115,10 @@ func (q *iqp) login(ctx context.Context, join bool) error {
 	if int(wf.Credits) > q.credits {
 		return fmt.Errorf("%w: %d credits granted, %d asked", ErrProtocol, wf.Credits, q.credits)
 	}
+	if int(wf.Inline) > q.askInline {
+		return fmt.Errorf("%w: inline reads of %d bytes granted, %d asked", ErrProtocol, wf.Inline, q.askInline)
+	}
+	q.inline = wf.Inline
 	q.setCredits(int(wf.Credits))
 	q.grants = append(q.grants[:0], wf.Grants...)
 	// The target registers the lock table once per QP, in that QP's

@@ -93,6 +93,20 @@ func (q *iqp) onRecv(wc *rnic.WC) error {
 			return err
 		}
 		return sl.onReady(rb[:])
+	case blockproto.OpData:
+		m, err := blockproto.ParseData(msg)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrProtocol, err)
+		}
+		sl, err := q.slotOf(m.Tag())
+		if err != nil {
+			return err
+		}
+		err = sl.onData(m) // copies the data out of msg
+		if rerr := q.repost(i); rerr != nil {
+			return rerr
+		}
+		return err
 	case blockproto.OpGoodbye:
 		r, err := blockproto.ParseResponse(msg)
 		if err != nil {

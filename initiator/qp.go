@@ -32,10 +32,16 @@ type iqp struct {
 	cq      *rnic.CQ
 	credits int
 
-	rxBuf []byte
-	rxMR  *rnic.MR
-	rxWR  []rnic.RecvWR // prebuilt, one per receive buffer
-	rxSGE []rnic.SGE
+	// inline is the largest read answered inline on this QP (0: none):
+	// what the WELCOME granted of the askInline the LOGIN asked for, which
+	// sized the receive buffers (rxSize bytes each).
+	askInline int
+	inline    uint32
+	rxSize    int
+	rxBuf     []byte
+	rxMR      *rnic.MR
+	rxWR      []rnic.RecvWR // prebuilt, one per receive buffer
+	rxSGE     []rnic.SGE
 
 	txBuf   []byte // slot areas, then one MaxMessage login area
 	txMR    *rnic.MR
@@ -65,11 +71,17 @@ type atomSlot struct {
 	remote rnic.RemoteAddr
 }
 
-// newIQP creates a QP asking for credits, with its buffers registered and
-// every receive posted.
-func (s *session) newIQP(credits int) (*iqp, error) {
+// newIQP creates a QP asking for credits and inline reads of up to inline
+// bytes (0: none), with its buffers registered and every receive posted.
+func (s *session) newIQP(credits, inline int) (*iqp, error) {
 	c := s.c
-	q := &iqp{s: s, credits: credits, dead: make(chan struct{}), done: make(chan struct{})}
+	q := &iqp{s: s, credits: credits, askInline: inline, dead: make(chan struct{}), done: make(chan struct{})}
+	// Every receive may get a DATA: the credit rules leave no way to
+	// steer it to a particular one.
+	q.rxSize = blockproto.MaxMessage
+	if inline > 0 {
+		q.rxSize = max(q.rxSize, blockproto.DataLen(inline))
+	}
 	nrx := credits + 2
 	sq := 4*credits + 2*numAtoms + 8
 	var err error
@@ -82,7 +94,7 @@ func (s *session) newIQP(credits int) (*iqp, error) {
 		q.release()
 		return nil, fmt.Errorf("initiator: create QP: %w", err)
 	}
-	q.rxBuf = make([]byte, nrx*blockproto.MaxMessage)
+	q.rxBuf = make([]byte, nrx*q.rxSize)
 	if q.rxMR, err = s.pd.RegisterBytes(q.rxBuf, rnic.LocalWrite); err != nil {
 		q.release()
 		return nil, fmt.Errorf("initiator: register receive buffers: %w", err)
@@ -100,7 +112,7 @@ func (s *session) newIQP(credits int) (*iqp, error) {
 	q.rxWR = make([]rnic.RecvWR, nrx)
 	q.rxSGE = make([]rnic.SGE, nrx)
 	for i := range q.rxWR {
-		q.rxSGE[i] = rnic.SGE{STag: q.rxMR.STag(), TO: uint64(i * blockproto.MaxMessage), Len: blockproto.MaxMessage}
+		q.rxSGE[i] = rnic.SGE{STag: q.rxMR.STag(), TO: uint64(i * q.rxSize), Len: uint32(q.rxSize)}
 		q.rxWR[i] = rnic.RecvWR{ID: uint64(i), SGL: q.rxSGE[i : i+1]}
 	}
 	if _, err := q.qp.PostRecv(q.rxWR...); err != nil {
@@ -129,7 +141,7 @@ func (q *iqp) setCredits(n int) {
 }
 
 func (q *iqp) rx(i int) []byte {
-	return q.rxBuf[i*blockproto.MaxMessage : (i+1)*blockproto.MaxMessage]
+	return q.rxBuf[i*q.rxSize : (i+1)*q.rxSize]
 }
 
 func (q *iqp) repost(i int) error {

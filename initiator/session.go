@@ -2,6 +2,7 @@ package initiator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -50,14 +51,7 @@ func (c *Client) dial(ctx context.Context, epoch uint64) (*session, error) {
 		return nil, fmt.Errorf("initiator: allocate PD: %w", err)
 	}
 	for i := 0; i < c.cfg.QPs; i++ {
-		q, err := s.newIQP(c.cfg.QueueDepth)
-		if err == nil {
-			err = q.login(ctx, i > 0)
-			if err != nil {
-				q.stop()
-				q.release()
-			}
-		}
+		q, err := s.loginQP(ctx, i > 0)
 		if err != nil {
 			s.close()
 			return nil, err
@@ -69,6 +63,37 @@ func (c *Client) dial(ctx context.Context, epoch uint64) (*session, error) {
 		go q.poll()
 	}
 	return s, nil
+}
+
+// loginQP creates a QP and logs it in, asking for inline reads unless
+// the configuration or an earlier refusal says not to. A target that
+// predates inline reads refuses such a LOGIN as malformed
+// (StatusProtocol): then it logs in again without asking, and the client
+// does not ask again.
+func (s *session) loginQP(ctx context.Context, join bool) (*iqp, error) {
+	c := s.c
+	for {
+		inline := max(c.cfg.InlineRead, 0)
+		if c.noInline.Load() {
+			inline = 0
+		}
+		q, err := s.newIQP(c.cfg.QueueDepth, inline)
+		if err != nil {
+			return nil, err
+		}
+		err = q.login(ctx, join)
+		if err == nil {
+			return q, nil
+		}
+		q.stop()
+		q.release()
+		var le *LoginError
+		if inline == 0 || !errors.As(err, &le) || le.Status != blockproto.StatusProtocol {
+			return nil, err
+		}
+		c.log.Info("the target refused a LOGIN asking for inline reads: logging in without them", "err", err)
+		c.noInline.Store(true)
+	}
 }
 
 // pick returns a QP with a free slot if there is one, else the next in

@@ -79,3 +79,21 @@ func (q *qconn) ready(s *slot, buf []byte, head, n int, acc rnic.Access, next sl
 	s.mu.Unlock()
 	q.post(s, k+2)
 }
+
+// sendData ends the slot's exchange with a DATA carrying the n bytes
+// already in its DATA area (and a grant if one is idle).
+func (q *qconn) sendData(s *slot, area []byte, n uint32) {
+	f := blockproto.DataFields{Tag: blockproto.Command(s.cmd[:]).Tag(), Len: n}
+	k := q.attachGrant(s, &f.Grant)
+	m, err := blockproto.EncodeData(area, &f)
+	if err != nil { // cannot happen: n <= the QP's inline size
+		q.log.Error("encoding a DATA", "err", err)
+		return
+	}
+	s.sge[0] = q.dataSGE(s.idx, len(m))
+	s.wrs[k] = rnic.SendWR{Op: rnic.WRSend, Unsignaled: true, SGL: s.sge[:]}
+	s.mu.Lock()
+	s.state = slotFree
+	s.mu.Unlock()
+	q.post(s, k+1)
+}

@@ -5,9 +5,13 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/rnic-dev/rnic/blockproto"
 	"github.com/rnic-dev/rnic/rnic"
 	"github.com/rnic-dev/rnic/store"
 )
+
+// DefaultMaxInline is Config.MaxInline's default.
+const DefaultMaxInline = 8192
 
 // SecretFunc returns the pre-shared secret of an initiator for a volume,
 // or ok false if that initiator may not log in to it.
@@ -30,10 +34,18 @@ type Config struct {
 	Logger   *slog.Logger
 	Metrics  *Metrics // nil: the target allocates its own
 
-	MaxCredits  int   // most credits (queue depth) granted per QP: 64
-	MaxTransfer int   // largest READ/WRITE/WRITE_REQ in bytes: 1 MiB
-	GrantSize   int   // data capacity of a write grant: 64 KiB
-	MaxGrants   int   // write grants per QP: the QP's credits (at most this): 32
+	MaxCredits  int // most credits (queue depth) granted per QP: 64
+	MaxTransfer int // largest READ/WRITE/WRITE_REQ in bytes: 1 MiB
+	GrantSize   int // data capacity of a write grant: 64 KiB
+	MaxGrants   int // write grants per QP: the QP's credits (at most this): 32
+	// MaxInline is the largest READ answered inline (DATA) on a QP whose
+	// initiator asks for inline reads: 8 KiB (at most
+	// blockproto.MaxInline, a multiple of 512); negative: never (the
+	// WELCOME does not offer it).
+	MaxInline int
+	// LegacyLogin refuses a LOGIN with FlagInline as malformed, as targets
+	// before inline reads did (for compatibility tests).
+	LegacyLogin bool
 	BufferBytes int64 // memory for grants, READ and WRITE_REQ buffers: 256 MiB
 
 	MaxSessions      int // sessions at once: 256 (and 63 per volume)
@@ -69,6 +81,9 @@ func (c *Config) fill() error {
 	def(&c.MaxQPsPerSession, 8)
 	def(&c.MaxLogins, 64)
 	def(&c.IRD, 32)
+	if c.MaxInline == 0 {
+		c.MaxInline = DefaultMaxInline
+	}
 	if c.BufferBytes <= 0 {
 		c.BufferBytes = 256 << 20
 	}
@@ -85,6 +100,9 @@ func (c *Config) fill() error {
 	if c.MaxTransfer%blk != 0 || c.GrantSize%blk != 0 || c.GrantSize > c.MaxTransfer {
 		return fmt.Errorf("target: MaxTransfer %d and GrantSize %d must be multiples of %d, GrantSize <= MaxTransfer",
 			c.MaxTransfer, c.GrantSize, blk)
+	}
+	if c.MaxInline > blockproto.MaxInline || c.MaxInline > 0 && c.MaxInline%minIO != 0 {
+		return fmt.Errorf("target: MaxInline %d must be a multiple of %d up to %d", c.MaxInline, minIO, blockproto.MaxInline)
 	}
 	if c.MaxCredits > 1<<15 || c.Locks > 1<<20 {
 		return fmt.Errorf("target: MaxCredits %d (max 32768) or Locks %d (max 1<<20) too large", c.MaxCredits, c.Locks)

@@ -32,6 +32,12 @@ type qconn struct {
 	txBuf   []byte // one MaxMessage area per slot, then two spare (login, GOODBYE)
 	txMR    *rnic.MR
 	lockMR  *rnic.MR
+	// inline is the largest READ answered with DATA (0: the QP has no
+	// inline reads); inBuf holds one DATA area of inArea bytes per slot.
+	inline int
+	inArea int
+	inBuf  []byte
+	inMR   *rnic.MR
 
 	slots  []slot
 	grants grantTable
@@ -116,6 +122,27 @@ func (q *qconn) txArea(i int) []byte {
 
 func (q *qconn) txSGE(i, n int) rnic.SGE {
 	return rnic.SGE{STag: q.txMR.STag(), TO: uint64(i * blockproto.MaxMessage), Len: uint32(n)}
+}
+
+// setupInline gives the QP inline reads of up to n bytes: one registered
+// DATA area per slot.
+func (q *qconn) setupInline(n int) error {
+	q.inArea = blockproto.DataLen(n)
+	q.inBuf = make([]byte, q.credits*q.inArea)
+	mr, err := q.pd.RegisterBytes(q.inBuf, rnic.LocalRead|rnic.LocalWrite)
+	if err != nil {
+		return fmt.Errorf("target: register inline send buffers: %w", err)
+	}
+	q.inMR, q.inline = mr, n
+	return nil
+}
+
+// dataArea returns slot i's DATA area and the SGE naming its first n
+// bytes.
+func (q *qconn) dataArea(i int) []byte { return q.inBuf[i*q.inArea : (i+1)*q.inArea] }
+
+func (q *qconn) dataSGE(i, n int) rnic.SGE {
+	return rnic.SGE{STag: q.inMR.STag(), TO: uint64(i * q.inArea), Len: uint32(n)}
 }
 
 // loginArea and byeArea are the two spare send areas.
@@ -252,6 +279,7 @@ func (q *qconn) release() {
 	}
 	dealloc(q.rxMR)
 	dealloc(q.txMR)
+	dealloc(q.inMR)
 	dealloc(q.lockMR)
 	if q.qp != nil {
 		if err := q.qp.Destroy(); err != nil {

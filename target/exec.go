@@ -62,7 +62,7 @@ func (q *qconn) execute(s *slot) {
 			q.log.Error("flush failed", "volume", q.sess.vol.name, "err", err)
 		}
 		q.answer(s, st, 0, "")
-		q.t.m.done(OpFlush, s.arrived, st != blockproto.StatusOK)
+		q.t.m.done(OpFlush, s.began, st != blockproto.StatusOK)
 	case blockproto.OpTrim, blockproto.OpWriteZeroes:
 		q.doDiscard(s, c)
 	case blockproto.OpHolder:
@@ -76,10 +76,14 @@ func (q *qconn) execute(s *slot) {
 }
 
 func (q *qconn) doRead(s *slot, c blockproto.Command) {
+	if c.Inline() {
+		q.doReadInline(s, c)
+		return
+	}
 	off, n := c.Offset(), c.Length()
 	if st := q.checkIO(off, n, q.t.cfg.MaxTransfer); st != blockproto.StatusOK {
+		q.t.m.done(OpRead, s.began, true)
 		q.answer(s, st, 0, "")
-		q.t.m.done(OpRead, s.arrived, true)
 		return
 	}
 	head := off % blk
@@ -92,13 +96,57 @@ func (q *qconn) doRead(s *slot, c blockproto.Command) {
 		q.t.pool.put(buf)
 		st := storeStatus(err)
 		q.log.Warn("read failed", "volume", q.sess.vol.name, "offset", off, "length", n, "err", err)
+		q.t.m.done(OpRead, s.began, true)
 		q.answer(s, st, 0, err.Error())
-		q.t.m.done(OpRead, s.arrived, true)
 		return
 	}
-	q.ready(s, buf, int(head), int(n), rnic.LocalRead|rnic.RemoteRead, slotAwaitRelease)
 	q.t.m.BytesRead.Add(uint64(n))
-	q.t.m.done(OpRead, s.arrived, false)
+	q.t.m.done(OpRead, s.began, false)
+	q.ready(s, buf, int(head), int(n), rnic.LocalRead|rnic.RemoteRead, slotAwaitRelease)
+}
+
+// doReadInline answers a READ with FlagInline: the data, read (and its
+// blocks' checksums verified) by the store, goes in a DATA from the slot's
+// DATA area; whole blocks are read straight into it.
+func (q *qconn) doReadInline(s *slot, c blockproto.Command) {
+	off, n := c.Offset(), c.Length()
+	st := q.checkIO(off, n, q.t.cfg.MaxTransfer)
+	if st == blockproto.StatusOK && int(n) > q.inline {
+		st = blockproto.StatusTooLarge // also when the QP has no inline reads
+	}
+	if st != blockproto.StatusOK {
+		q.t.m.done(OpRead, s.began, true)
+		q.answer(s, st, 0, "")
+		return
+	}
+	area := q.dataArea(s.idx)
+	payload := area[blockproto.DataFixedLen:]
+	head := off % blk
+	var err error
+	if head == 0 && n%blk == 0 {
+		err = q.sess.vol.v.ReadBlocks(q.ctx, off/blk, payload[:n])
+	} else {
+		span := alignUp(head+uint64(n), blk)
+		var buf []byte
+		if buf, err = q.t.pool.get(q.ctx, int(span)); err != nil {
+			return // teardown
+		}
+		if err = q.sess.vol.v.ReadBlocks(q.ctx, off/blk, buf[:span]); err == nil {
+			copy(payload, buf[head:head+uint64(n)])
+		}
+		q.t.pool.put(buf)
+	}
+	if err != nil {
+		q.log.Warn("read failed", "volume", q.sess.vol.name, "offset", off, "length", n, "err", err)
+		q.t.m.done(OpRead, s.began, true)
+		q.answer(s, storeStatus(err), 0, err.Error())
+		return
+	}
+	// The counters first: the DATA frees the slot.
+	q.t.m.InlineReads.Add(1)
+	q.t.m.BytesRead.Add(uint64(n))
+	q.t.m.done(OpRead, s.began, false)
+	q.sendData(s, area, n)
 }
 
 func (q *qconn) doWriteReq(s *slot, c blockproto.Command) {
@@ -109,7 +157,7 @@ func (q *qconn) doWriteReq(s *slot, c blockproto.Command) {
 	}
 	if st != blockproto.StatusOK {
 		q.answer(s, st, 0, "")
-		q.t.m.done(OpWrite, s.arrived, true)
+		q.t.m.done(OpWrite, s.began, true)
 		return
 	}
 	head := off % blk
@@ -169,7 +217,7 @@ func (q *qconn) doWrite(s *slot, c blockproto.Command) {
 	if st == blockproto.StatusOK {
 		q.t.m.BytesWrit.Add(uint64(n))
 	}
-	q.t.m.done(OpWrite, s.arrived, st != blockproto.StatusOK)
+	q.t.m.done(OpWrite, s.began, st != blockproto.StatusOK)
 }
 
 func (q *qconn) noteMutation(st blockproto.Status) {
@@ -240,7 +288,7 @@ func (q *qconn) doDiscard(s *slot, c blockproto.Command) {
 	}
 	q.noteMutation(chk.status)
 	q.answer(s, chk.status, chk.value, chk.detail)
-	q.t.m.done(kind, s.arrived, chk.status != blockproto.StatusOK)
+	q.t.m.done(kind, s.began, chk.status != blockproto.StatusOK)
 }
 
 // discard trims (whole blocks only) or zeroes a range.

@@ -93,6 +93,9 @@ func (t *Target) accept(ctx context.Context, req *rnic.ConnRequest, q *qconn) er
 			detail: fmt.Sprintf("protocol version %d is not supported; this target speaks %d", v, blockproto.Version)}
 	}
 	lm, err := blockproto.ParseLogin(msg)
+	if err == nil && t.cfg.LegacyLogin && lm.Inline() != 0 {
+		err = fmt.Errorf("LOGIN with unknown flags 0x%04x", blockproto.FlagInline)
+	}
 	if err != nil {
 		return refuse(blockproto.StatusProtocol, "malformed LOGIN", err)
 	}
@@ -138,7 +141,7 @@ func (t *Target) accept(ctx context.Context, req *rnic.ConnRequest, q *qconn) er
 	}
 	t.m.QPsActive.Add(1)
 	t.log.Info("QP logged in", "initiator", name, "volume", volName, "session", sess.id, "slot", sess.slot,
-		"qp", q.qp.ID(), "credits", q.credits, "grants", len(q.grants.all), "join", login.Join())
+		"qp", q.qp.ID(), "credits", q.credits, "grants", len(q.grants.all), "inline", q.inline, "join", login.Join())
 	return nil
 }
 
@@ -239,6 +242,12 @@ func (t *Target) welcome(q *qconn, secret []byte, login blockproto.Login,
 		LockCount: uint32(len(s.vol.words) - blockproto.FirstLockWord), MinIO: minIO, PreferredIO: blk}
 	if s.vol.readOnly {
 		f.VolumeFlags |= blockproto.VolumeReadOnly
+	}
+	if n := min(int(login.Inline()), t.cfg.MaxInline) / minIO * minIO; n > 0 {
+		if err := q.setupInline(n); err != nil {
+			return refuse(blockproto.StatusBusy, "cannot register inline buffers", err)
+		}
+		f.Inline = uint32(n)
 	}
 	var wrs []rnic.SendWR
 	var frs [blockproto.MaxWelcomeGrants]rnic.FastReg

@@ -71,6 +71,7 @@ type Metrics struct {
 	LocksCleared  atomic.Uint64 // locks and reservations cleared at session end
 	GrantsIssued  atomic.Uint64 // write grants advertised
 	TwoStepWrites atomic.Uint64 // writes through WRITE_REQ
+	InlineReads   atomic.Uint64 // READs answered with DATA
 }
 
 func (m *Metrics) done(k OpKind, start time.Time, failed bool) {

@@ -30,8 +30,9 @@ type slot struct {
 	mu      sync.Mutex // state, buf, stag, deadline: poller, worker and lease timer
 	state   slotState
 	cmd     [blockproto.CommandLen]byte
-	arrived time.Time
-	grant   *grant // the grant a WRITE consumed
+	arrived time.Time // set by the poller when the command arrives
+	began   time.Time // the worker's copy: the poller rewrites arrived once the answer frees the slot
+	grant   *grant    // the grant a WRITE consumed
 
 	mr       *rnic.MR  // the slot's buffer STag (READ and WRITE_REQ)
 	stag     rnic.STag // as last registered
@@ -88,6 +89,7 @@ func (q *qconn) work(s *slot) {
 		case <-q.ctx.Done():
 			return
 		}
+		s.began = s.arrived
 		q.execute(s)
 		q.t.end()
 	}

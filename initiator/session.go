@@ -53,6 +53,14 @@ func (c *Client) dial(ctx context.Context, epoch uint64) (*session, error) {
 	for i := 0; i < c.cfg.QPs; i++ {
 		q, err := s.loginQP(ctx, i > 0)
 		if err != nil {
+			// The QPs logged in so far have no poller yet (they get
+			// one once every QP joined), so close, which waits for the
+			// pollers, would wait forever: stop and free them here.
+			for _, q := range s.qps {
+				q.stop()
+				q.release()
+			}
+			s.qps = nil
 			s.close()
 			return nil, err
 		}

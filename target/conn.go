@@ -244,6 +244,16 @@ func (q *qconn) down() {
 		}
 		q.cancel()
 		q.wg.Wait()
+		// onRecv counts a command (begin) before it wakes the slot's
+		// worker; a worker that saw q.ctx end first left without it, and
+		// without this the count never drops and Shutdown waits forever.
+		for i := range q.slots {
+			select {
+			case <-q.slots[i].wake:
+				q.t.end()
+			default:
+			}
+		}
 		q.release()
 	})
 }

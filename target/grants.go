@@ -105,6 +105,13 @@ func (gt *grantTable) putIdle(g *grant) {
 	gt.mu.Unlock()
 }
 
+// count is the number of grants the table holds (0 once released).
+func (gt *grantTable) count() int {
+	gt.mu.Lock()
+	defer gt.mu.Unlock()
+	return len(gt.all)
+}
+
 // release frees every grant (the engine no longer uses them).
 func (gt *grantTable) release(t *Target) {
 	gt.mu.Lock()

@@ -76,7 +76,7 @@ func (t *Target) handle(req *rnic.ConnRequest) {
 		q.down()
 		return
 	}
-	q.startWorkers()
+	q.sess.startQP(q)
 }
 
 // accept runs the MPA exchange and the login on q.
@@ -141,7 +141,7 @@ func (t *Target) accept(ctx context.Context, req *rnic.ConnRequest, q *qconn) er
 	}
 	t.m.QPsActive.Add(1)
 	t.log.Info("QP logged in", "initiator", name, "volume", volName, "session", sess.id, "slot", sess.slot,
-		"qp", q.qp.ID(), "credits", q.credits, "grants", len(q.grants.all), "inline", q.inline, "join", login.Join())
+		"qp", q.qp.ID(), "credits", q.credits, "grants", q.grants.count(), "inline", q.inline, "join", login.Join())
 	return nil
 }
 

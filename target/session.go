@@ -32,6 +32,17 @@ func (s *session) addQP(q *qconn) bool {
 	return true
 }
 
+// startQP starts a logged-in QP's poller and workers, unless the session
+// ended meanwhile (end then tears q down; it must not race with the start,
+// whose WaitGroup.Add it waits on).
+func (s *session) startQP(q *qconn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.ended {
+		q.startWorkers()
+	}
+}
+
 // end tears the session down: every QP, then the locks and reservation
 // it held (bumping the fence), its slot, its volume reference.
 func (s *session) end(reason string) {

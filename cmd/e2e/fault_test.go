@@ -127,7 +127,10 @@ func (c *pconn) next(dir, want int) (int, bool) {
 	if !c.planned || dir != c.pl.dir || c.n+int64(want) < c.pl.after {
 		return want, false
 	}
-	return int(c.pl.after - c.n), true
+	// Bytes counted by sent for a write that began before this plan was
+	// drawn (by the other direction) can carry n past the fault point:
+	// then the fault comes now.
+	return int(max(c.pl.after-c.n, 0)), true
 }
 
 // sent records k bytes forwarded in dir; if hit, it returns the fault to

@@ -12,6 +12,14 @@ CHECK=; [ "${1:-}" = --check ] && { CHECK=1; shift; }
 [ $# -eq 1 ] || { echo "usage: $0 [--check] CACHE_DIR" >&2; exit 2; }
 [ -n "$CHECK" ] && [ ! -d "$1" ] && { echo "linuxvm-build: no $1" >&2; exit 1; }
 mkdir -p "$1"; C=$(cd "$1" && pwd)
+# Test binaries of several packages (go test runs them in parallel) may all
+# ask for the VM at once: one builds, the others wait here, then find it up
+# to date. (Two apt-gets at once would fail on dpkg's lock.)
+if [ -z "$CHECK" ] && [ -z "${LINUXVM_LOCKED:-}" ]; then
+  exec 9>"$C/.build.lock"
+  flock 9
+  export LINUXVM_LOCKED=1
+fi
 HERE=$(cd "$(dirname "$0")" && pwd)
 export DEBIAN_FRONTEND=noninteractive LC_ALL=C
 log() { echo "linuxvm-build: $*" >&2; }

@@ -64,24 +64,8 @@ func (p *bouncePool) get(ctx context.Context, n int) (*bbuf, error) {
 		if p.closed {
 			return nil, errConnLost
 		}
-		if l := len(p.free[c]); l > 0 {
-			b := p.free[c][l-1]
-			p.free[c] = p.free[c][:l-1]
-			return b, nil
-		}
-		if p.used+int64(size) <= p.budget {
-			buf := make([]byte, size)
-			// Remote Write: the verbs check it on the sink of an RDMA Read
-			// when the Read Response arrives (draft-hilland §7.4.2); the
-			// target is the only peer of the session's QPs.
-			mr, err := p.pd.RegisterBytes(buf, rnic.LocalRead|rnic.LocalWrite|rnic.RemoteWrite)
-			if err != nil {
-				return nil, fmt.Errorf("initiator: registering a staging buffer: %w", err)
-			}
-			p.used += int64(size)
-			b := &bbuf{b: buf, mr: mr, cls: c}
-			p.all = append(p.all, b)
-			return b, nil
+		if b, err := p.takeLocked(c, size); b != nil || err != nil {
+			return b, err
 		}
 		if p.dropFreeLocked(size) {
 			continue
@@ -98,6 +82,48 @@ func (p *bouncePool) get(ctx context.Context, n int) (*bbuf, error) {
 		}
 		p.cond.Wait()
 	}
+}
+
+// tryGet returns a buffer of at least n bytes if one is free or fits the
+// budget now, else nil; it never waits.
+func (p *bouncePool) tryGet(n int) *bbuf {
+	s := max(bits.Len(uint(max(n, 1)-1)), bounceMinShift)
+	c := s - bounceMinShift
+	if c >= len(p.free) {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	b, _ := p.takeLocked(c, 1<<s)
+	return b
+}
+
+// takeLocked returns a free buffer of class c, or a new one of size bytes
+// if it fits the budget; nil (and no error) if neither.
+func (p *bouncePool) takeLocked(c, size int) (*bbuf, error) {
+	if l := len(p.free[c]); l > 0 {
+		b := p.free[c][l-1]
+		p.free[c] = p.free[c][:l-1]
+		return b, nil
+	}
+	if p.used+int64(size) > p.budget {
+		return nil, nil
+	}
+	buf := make([]byte, size)
+	// Remote Write: the verbs check it on the sink of an RDMA Read when
+	// the Read Response arrives (draft-hilland §7.4.2); the target is the
+	// only peer of the session's QPs.
+	mr, err := p.pd.RegisterBytes(buf, rnic.LocalRead|rnic.LocalWrite|rnic.RemoteWrite)
+	if err != nil {
+		return nil, fmt.Errorf("initiator: registering a staging buffer: %w", err)
+	}
+	p.used += int64(size)
+	b := &bbuf{b: buf, mr: mr, cls: c}
+	p.all = append(p.all, b)
+	return b, nil
 }
 
 // dropFreeLocked deregisters cached buffers of other classes until size

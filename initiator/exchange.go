@@ -49,6 +49,12 @@ type islot struct {
 	wrs   [2]rnic.SendWR
 	sge   [2]rnic.SGE
 
+	// async: the exchange was started by StartRead or StartWrite; finish
+	// completes it on the spot (poller goroutine) instead of waking a
+	// waiting caller.
+	async bool
+	areq  asyncReq
+
 	// Result, written by the poller before done is signalled.
 	status blockproto.Status
 	value  uint64
@@ -90,6 +96,27 @@ func (sl *islot) release(stag rnic.STag) error {
 // caller still owns sl.bounce: false when the caller's context ended first
 // and the poller will return the buffer once the exchange is over.
 func (sl *islot) run(ctx context.Context) (keep bool, res result, err error) {
+	if err := sl.start(); err != nil {
+		return true, res, err
+	}
+	select {
+	case <-sl.done:
+	case <-ctx.Done():
+		if sl.state.CompareAndSwap(slotInflight, slotAbandoned) {
+			return false, res, ctx.Err()
+		}
+		<-sl.done
+	}
+	res, err = sl.collect()
+	sl.state.Store(slotIdle)
+	sl.q.free <- sl.idx
+	return true, res, err
+}
+
+// start sends the exchange set up in the slot's fields. It fails (and
+// frees the slot) only when the QP is already dead; a failure to post
+// ends the exchange through the poller instead.
+func (sl *islot) start() error {
 	q := sl.q
 	sl.seq++
 	sl.status, sl.value, sl.detail, sl.err = 0, 0, "", nil
@@ -126,7 +153,7 @@ func (sl *islot) run(ctx context.Context) (keep bool, res result, err error) {
 	sl.state.Store(slotInflight)
 	if q.isDead() && sl.state.CompareAndSwap(slotInflight, slotIdle) {
 		q.free <- sl.idx
-		return true, res, errConnLost
+		return errConnLost
 	}
 	if _, err := q.qp.PostSend(sl.wrs[:n]...); err != nil {
 		// The QP is going away (or its queue overflowed, which this
@@ -137,22 +164,16 @@ func (sl *islot) run(ctx context.Context) (keep bool, res result, err error) {
 			go q.qp.Modify(rnic.StateError, rnic.ModifyAttrs{})
 		}
 	}
-	select {
-	case <-sl.done:
-	case <-ctx.Done():
-		if sl.state.CompareAndSwap(slotInflight, slotAbandoned) {
-			return false, res, ctx.Err()
-		}
-		<-sl.done
-	}
-	err = sl.err
+	return nil
+}
+
+// collect returns the outcome of a finished exchange.
+func (sl *islot) collect() (result, error) {
+	err := sl.err
 	if err == nil {
 		err = statusErr(sl.op, sl.status, sl.value, sl.detail)
 	}
-	res = result{status: sl.status, value: sl.value, detail: sl.detail}
-	sl.state.Store(slotIdle)
-	q.free <- sl.idx
-	return true, res, err
+	return result{status: sl.status, value: sl.value, detail: sl.detail}, err
 }
 
 // result is what an exchange's answer said.
@@ -175,6 +196,10 @@ func (sl *islot) writeWRs(stag rnic.STag, to uint64) {
 // caller, or cleans up after an abandoned one.
 func (sl *islot) finish() {
 	if sl.state.CompareAndSwap(slotInflight, slotDone) {
+		if sl.async {
+			sl.completeAsync()
+			return
+		}
 		sl.done <- struct{}{}
 		return
 	}

@@ -27,7 +27,7 @@ func (m *model) trim(off, n int64) {
 }
 
 // randomIO runs ops random operations on [base, base+span) of the volume
-// through c, checking every read against m (which this worker alone
+// through c (blocking calls, and batches of StartRead/StartWrite), checking every read against m (which this worker alone
 // changes in that range).
 func randomIO(ctx context.Context, c *initiator.Client, m *model, base, span int64, seed uint64, ops int) error {
 	r := rand.New(rand.NewPCG(seed, seed*31))
@@ -52,7 +52,11 @@ func randomIO(ctx context.Context, c *initiator.Client, m *model, base, span int
 				off = base + span - n
 			}
 		}
-		switch op := r.IntN(20); {
+		switch op := r.IntN(22); {
+		case op >= 20:
+			if err := asyncBatch(ctx, c, m, base, span, r); err != nil {
+				return err
+			}
 		case op < 8:
 			p := buf[:n]
 			fill(p, r.Uint64())
@@ -82,6 +86,51 @@ func randomIO(ctx context.Context, c *initiator.Client, m *model, base, span int
 			if err := c.Flush(ctx); err != nil {
 				return fmt.Errorf("flush: %w", err)
 			}
+		}
+	}
+	return nil
+}
+
+// asyncBatch starts up to 8 reads and writes on disjoint ranges with
+// StartRead and StartWrite, plugged, then checks every outcome against m.
+func asyncBatch(ctx context.Context, c *initiator.Client, m *model, base, span int64, r *rand.Rand) error {
+	k := 1 + r.IntN(8)
+	seg := span / int64(k) / 4096 * 4096
+	if seg == 0 {
+		k, seg = 1, span/512*512
+	}
+	type req struct {
+		off   int64
+		p     []byte
+		write bool
+		err   chan error
+	}
+	reqs := make([]req, k)
+	unplug := c.Plug()
+	for i := range reqs {
+		// Sizes up to 256 KiB: some take the blocking path (larger than
+		// a transfer, or no free slot).
+		n := min(int64(1+r.IntN(64))*512*max(1, int64(r.IntN(8))), seg)
+		off := base + int64(i)*seg + r.Int64N((seg-n)/512+1)*512
+		q := req{off: off, p: make([]byte, n), write: r.IntN(2) == 0, err: make(chan error, 1)}
+		done := func(err error) { q.err <- err }
+		if q.write {
+			fill(q.p, r.Uint64())
+			c.StartWrite(ctx, q.p, q.off, r.IntN(4) == 0, done)
+		} else {
+			c.StartRead(ctx, q.p, q.off, done)
+		}
+		reqs[i] = q
+	}
+	unplug()
+	for _, q := range reqs {
+		if err := <-q.err; err != nil {
+			return fmt.Errorf("async write=%v %d at %d: %w", q.write, len(q.p), q.off, err)
+		}
+		if q.write {
+			copy(m.b[q.off:], q.p)
+		} else if !bytes.Equal(q.p, m.b[q.off:q.off+int64(len(q.p))]) {
+			return fmt.Errorf("async read %d at %d: data differs from the model", len(q.p), q.off)
 		}
 	}
 	return nil

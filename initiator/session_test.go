@@ -114,7 +114,7 @@ func TestDeadSessionReleasesLocksAndFences(t *testing.T) {
 }
 
 // TestReconnectReplay: the target restarts (same store, same address)
-// while writers have requests in flight. The initiator reconnects and
+// while writers (blocking WriteAt, and StartWrite) have requests in flight. The initiator reconnects and
 // replays what was not acknowledged; every write returns success or an
 // error, and every successful write is there afterwards.
 func TestReconnectReplay(t *testing.T) {
@@ -140,7 +140,15 @@ func TestReconnectReplay(t *testing.T) {
 				for j := range buf {
 					buf[j] = byte(r.Uint32())
 				}
-				if err := c.WriteAt(ctx, buf, off, false); err != nil {
+				var err error
+				if w%2 == 0 {
+					err = c.WriteAt(ctx, buf, off, false)
+				} else { // StartWrite: the replay happens behind the callback
+					done := make(chan error, 1)
+					c.StartWrite(ctx, buf, off, false, func(err error) { done <- err })
+					err = <-done
+				}
+				if err != nil {
 					errs <- err
 					return
 				}
@@ -172,9 +180,19 @@ func TestReconnectReplay(t *testing.T) {
 		}
 	}
 	got := make([]byte, 8192)
+	i := 0
 	for off, want := range written {
-		if err := c.ReadAt(ctx, got, off); err != nil {
-			t.Fatal(err)
+		i++
+		if i%2 == 0 {
+			if err := c.ReadAt(ctx, got, off); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			done := make(chan error, 1)
+			c.StartRead(ctx, got, off, func(err error) { done <- err })
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
 		}
 		if !bytes.Equal(got, want) {
 			t.Fatalf("block at %d differs after the restarts", off)

@@ -111,9 +111,12 @@ type conn struct {
 	// txMu guards tx: the transmit goroutine holds it while sending, and
 	// pushInline takes it when free.
 	txMu sync.Mutex
-	raw  syscall.RawConn // nil when the connection offers none (no inline sends)
-	tx   txState
-	rx   rxState
+	// combining is set while a poster yields in pushInline before sending
+	// what is queued (its own work and that of posters arriving meanwhile).
+	combining atomic.Bool
+	raw       syscall.RawConn // nil when the connection offers none (no inline sends)
+	tx        txState
+	rx        rxState
 }
 
 // Attach moves an Idle QP to RTS on an established stream (Modify QP

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 var variants = []struct {
@@ -222,4 +223,55 @@ func TestORDStall(t *testing.T) {
 		t.Fatalf("ORD %d", q.ORD)
 	}
 	_ = fmt.Sprint
+}
+
+// TestPlug: Sends posted on a plugged QP stay queued until the last of
+// nested Unplugs, then all arrive, in order.
+func TestPlug(t *testing.T) {
+	var bRecv *MR
+	var rbuf []byte
+	a, b := newPair(t, pairOpts{}, func(a, b *side) {
+		bRecv, rbuf = b.reg(17*64, LocalWrite)
+		for i := 0; i < 17; i++ {
+			if _, err := b.qp.PostRecv(RecvWR{ID: uint64(i), SGL: []SGE{{STag: bRecv.STag(), TO: uint64(i * 64), Len: 64}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	msg, buf := a.reg(17*64, LocalRead)
+	for i := range buf {
+		buf[i] = byte(i / 64)
+	}
+	// One Send first, so that the transmitter is idle (after the RTR and
+	// that Send) when the plug starts: it runs only when kicked.
+	a.post(SendWR{ID: 99, Op: WRSend, SGL: []SGE{{STag: msg.STag(), TO: 16 * 64, Len: 64}}})
+	a.waitOK(a.scq, WRSend)
+	b.waitOK(b.rcq, WRRecv)
+	time.Sleep(20 * time.Millisecond)
+	a.qp.Plug()
+	a.qp.Plug()
+	for i := 0; i < 16; i++ {
+		a.post(SendWR{ID: uint64(i), Op: WRSend, SGL: []SGE{{STag: msg.STag(), TO: uint64(i * 64), Len: 64}}})
+	}
+	a.qp.Unplug()
+	// Still plugged once: nothing may leave. (Nothing else runs the
+	// transmitter in this test.)
+	time.Sleep(50 * time.Millisecond)
+	if n := b.rcq.Len(); n != 0 {
+		t.Fatalf("%d Sends arrived while plugged", n)
+	}
+	if n := a.scq.Len(); n != 0 {
+		t.Fatalf("%d Sends completed while plugged", n)
+	}
+	a.qp.Unplug()
+	for i := 0; i < 16; i++ {
+		if wc := a.waitOK(a.scq, WRSend); wc.ID != uint64(i) {
+			t.Fatalf("send %d completed as %d", i, wc.ID)
+		}
+		wc := b.waitOK(b.rcq, WRRecv)
+		got := rbuf[wc.ID*64 : wc.ID*64+64]
+		if wc.ID != uint64(i+1) || got[0] != byte(i) || got[63] != byte(i) {
+			t.Fatalf("receive %d: %+v holds message %d", i, wc, got[0])
+		}
+	}
 }

@@ -20,10 +20,33 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 		return 0, fmt.Errorf("rnic: post send on QP %d in %s: %w", qp.id, st, ErrInvalidQPState)
 	}
 	n, err := qp.sq.post(wrs, qp.checkSendWR)
-	if n > 0 && c != nil {
+	if n > 0 && c != nil && qp.plugs.Load() == 0 {
 		c.pushInline()
 	}
 	return n, err
+}
+
+// Plug holds back the transmission of send work requests posted from now
+// on until the matching Unplug, so that requests posted in a burst (say,
+// one per command read from a client in one go) leave in one write to the
+// socket instead of one each: the doorbell batching of hardware RNICs.
+// Plugs nest. A plug only delays: the transmitter still sends what it
+// finds when it runs for other reasons. The caller must Unplug before it
+// waits for anything those work requests lead to.
+func (qp *QP) Plug() { qp.plugs.Add(1) }
+
+// Unplug ends a Plug; the last one starts the transmission of what was
+// posted meanwhile.
+func (qp *QP) Unplug() {
+	if qp.plugs.Add(-1) != 0 {
+		return
+	}
+	qp.mu.Lock()
+	c := qp.conn
+	qp.mu.Unlock()
+	if c != nil {
+		c.pushInline()
+	}
 }
 
 // checkSendWR validates a WR's shape (immediate errors only; access checks

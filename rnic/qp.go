@@ -82,6 +82,7 @@ type QP struct {
 	rqArmed   bool
 
 	mwBound atomic.Int32
+	plugs   atomic.Int32  // Plug nesting: posting does not start transmission
 	stateA  atomic.Uint32 // mirror of state for the data path
 	ordA    atomic.Int32  // mirror of ord for the transmitter
 }

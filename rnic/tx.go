@@ -3,6 +3,7 @@ package rnic
 import (
 	"encoding/binary"
 	"net"
+	"runtime"
 	"sync/atomic"
 	"syscall"
 
@@ -142,7 +143,22 @@ const (
 	inlineBatch = 128 << 10 // stop taking messages past this
 )
 
+// pushInline sends what is queued if the transmitter is free, else wakes it.
+//
+// Combining: posters that arrive while one of them is yielding leave their
+// work queued for it. The first yields once (runtime.Gosched) before it
+// takes the transmitter, so goroutines made runnable together (workers
+// woken by one batch of completions, requests read in one burst) add their
+// messages first and all go out in one write. Alone, the yield costs well
+// under a microsecond; a loopback write saved costs several.
 func (c *conn) pushInline() {
+	if c.combining.Swap(true) {
+		return // the goroutine yielding in pushInline sends ours too
+	}
+	runtime.Gosched()
+	// Clear before draining: work queued after this store finds the flag
+	// clear and pushes (or kicks) itself.
+	c.combining.Store(false)
 	if txMode(c.mode.Load()) != txRun || c.raw == nil || !c.gateOpen() || !c.txMu.TryLock() {
 		c.kick()
 		return

@@ -90,4 +90,8 @@ type Volume interface {
 	// Close releases the handle, waiting for its operations in flight.
 	// Using the handle afterwards fails with ErrClosed.
 	Close() error
+	// InMemory reports whether ReadBlocks and WriteBlocks only copy
+	// memory (they never wait for I/O), so a caller may run them where it
+	// must not block for long.
+	InMemory() bool
 }

@@ -22,6 +22,11 @@ type volume struct {
 
 func (v *volume) Info() VolumeInfo { return v.info.clone() }
 
+func (v *volume) InMemory() bool {
+	_, ok := v.dev.(*memVolume)
+	return ok
+}
+
 // checkRange reports whether count blocks at lba lie inside a volume of n
 // blocks, without overflowing.
 func checkRange(lba, count, n uint64) error {

@@ -195,25 +195,38 @@ func (q *qconn) poll() {
 		if err != nil {
 			return
 		}
-		for i := 0; i < n; i++ {
-			wc := &wcs[i]
-			if wc.Status != rnic.StatusSuccess {
-				if !q.isDead() && wc.Status != rnic.StatusFlushed {
-					q.log.Info("work request failed: ending session", "qp", q.qp.ID(), "err", wc.Err())
-				}
-				q.lost()
-				return
-			}
-			if wc.Op == rnic.WRRecv {
-				if err := q.onRecv(wc); err != nil {
-					q.protocolError(err)
-					return
-				}
-			} else if wc.ID == wrGoodbye {
-				q.byeOnce.Do(func() { close(q.byeDone) })
-			}
+		// The answers to a batch of commands run here (runsHere) leave
+		// together when the batch is done.
+		q.qp.Plug()
+		ok := q.handle(wcs[:n])
+		q.qp.Unplug()
+		if !ok {
+			return
 		}
 	}
+}
+
+// handle processes a batch of completions; false: the poller must stop.
+func (q *qconn) handle(wcs []rnic.WC) bool {
+	for i := range wcs {
+		wc := &wcs[i]
+		if wc.Status != rnic.StatusSuccess {
+			if !q.isDead() && wc.Status != rnic.StatusFlushed {
+				q.log.Info("work request failed: ending session", "qp", q.qp.ID(), "err", wc.Err())
+			}
+			q.lost()
+			return false
+		}
+		if wc.Op == rnic.WRRecv {
+			if err := q.onRecv(wc); err != nil {
+				q.protocolError(err)
+				return false
+			}
+		} else if wc.ID == wrGoodbye {
+			q.byeOnce.Do(func() { close(q.byeDone) })
+		}
+	}
+	return true
 }
 
 // lost ends the session because this QP's connection is gone.

@@ -171,8 +171,38 @@ func (q *qconn) onRecv(wc *rnic.WC) error {
 	if !q.t.begin() {
 		return nil // draining: no answer; GOODBYE follows and the initiator replays
 	}
+	if q.runsHere(s) {
+		s.began = s.arrived
+		q.execute(s)
+		q.t.end()
+		return nil
+	}
 	s.wake <- struct{}{}
 	return nil
+}
+
+// maxHere is the largest command the poller runs itself.
+const maxHere = 64 << 10
+
+// runsHere reports whether the poller runs the slot's command itself
+// instead of waking the slot's worker: an inline READ or a granted WRITE,
+// of whole blocks and at most maxHere bytes, on a volume in memory. Such a
+// command only copies memory and posts Sends: it takes no pooled buffer
+// (a buffer could wait for a RELEASE that only this poller can see) and
+// waits for no I/O, and a burst of them then leaves in one write.
+func (q *qconn) runsHere(s *slot) bool {
+	c := blockproto.Command(s.cmd[:])
+	off, n := c.Offset(), c.Length()
+	if n > maxHere || off%blk != 0 || n%blk != 0 || !q.sess.vol.v.InMemory() {
+		return false
+	}
+	switch c.Op() {
+	case blockproto.OpRead:
+		return c.Inline()
+	case blockproto.OpWrite:
+		return s.grant != nil
+	}
+	return false
 }
 
 // endExchangeLocked returns the exchange's buffer and frees the slot.

@@ -36,6 +36,17 @@ func (b *budget) acquire(ctx context.Context, n int64) error {
 	}
 }
 
+// tryAcquire takes n bytes if they are available now.
+func (b *budget) tryAcquire(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.avail >= n {
+		b.avail -= n
+		return true
+	}
+	return false
+}
+
 // release returns n bytes.
 func (b *budget) release(n int64) {
 	if n == 0 {

@@ -97,6 +97,13 @@ func (s *session) execute(r *request) {
 	case CmdCache:
 		// Advisory and not advertised; accepted as a no-op.
 	}
+	s.finish(r, err)
+}
+
+// finish records the outcome of r's backend call: the NBD error, and for
+// a failed READ no payload.
+func (s *session) finish(r *request, err error) {
+	ctx := s.ctx
 	if err != nil {
 		r.errno = Errno(err)
 		if r.typ == CmdRead {

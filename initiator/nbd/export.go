@@ -41,6 +41,26 @@ type Backend interface {
 	WriteZeroes(ctx context.Context, off, length int64, fua bool) error
 }
 
+// AsyncBackend is a Backend that can also start reads and writes without
+// blocking. The server then runs READ and WRITE without a goroutine per
+// request: it starts each from the connection's reader and queues the
+// reply from done. done must be called exactly once, possibly before the
+// Start call returns; it never blocks. The buffer belongs to the backend
+// until then.
+type AsyncBackend interface {
+	Backend
+	StartRead(ctx context.Context, p []byte, off int64, done func(error))
+	StartWrite(ctx context.Context, p []byte, off int64, fua bool, done func(error))
+}
+
+// Plugger is an optional Backend interface: Plug holds back the requests
+// started from now on until unplug is called, so that requests read from
+// the client in one burst reach the backend's transport together. The
+// server unplugs before anything it does can wait.
+type Plugger interface {
+	Plug() (unplug func())
+}
+
 // Export is one named volume the server offers.
 type Export struct {
 	// Name is the export name clients ask for. The empty name is the

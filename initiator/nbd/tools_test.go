@@ -319,17 +319,33 @@ func TestFioVerify(t *testing.T) {
 	if out, _ := runErr(10*time.Second, "fio", "--enghelp"); !strings.Contains(out, "nbd") {
 		t.Skip("fio has no nbd engine (Debian's fio has it: apt-get install fio)")
 	}
-	m := newMem(64 << 20)
-	s := serve(t, &Server{Exports: []Export{{Name: "vol", Backend: m, MultiConn: true}}})
-	r := runFio(t, 90*time.Second, "--name=verify", "--ioengine=nbd", "--uri=nbd://"+s.addr+"/",
-		"--rw=randrw", "--bs=4k", "--iodepth=32", "--verify=crc32c", "--do_verify=1", "--size=64M")
-	j := r.Jobs[0]
-	if j.Error != 0 {
-		t.Fatalf("fio job error %d", j.Error)
+	for _, async := range []bool{false, true} {
+		t.Run(map[bool]string{false: "blocking", true: "async"}[async], func(t *testing.T) {
+			var be Backend = newMem(64 << 20)
+			var am *asyncMem
+			if async {
+				am = newAsyncMem(64 << 20)
+				be = am
+			}
+			s := serve(t, &Server{Exports: []Export{{Name: "vol", Backend: be, MultiConn: true}}})
+			r := runFio(t, 90*time.Second, "--name=verify", "--ioengine=nbd", "--uri=nbd://"+s.addr+"/",
+				"--rw=randrw", "--bs=4k", "--iodepth=32", "--verify=crc32c", "--do_verify=1", "--size=64M")
+			j := r.Jobs[0]
+			if j.Error != 0 {
+				t.Fatalf("fio job error %d", j.Error)
+			}
+			if j.Write.IOBytes == 0 || j.Read.IOBytes == 0 {
+				t.Fatalf("fio moved read %d / write %d bytes", j.Read.IOBytes, j.Write.IOBytes)
+			}
+			t.Logf("fio randrw+verify crc32c 64M: read %d MiB (%.0f IOPS), write %d MiB (%.0f IOPS), error %d",
+				j.Read.IOBytes>>20, j.Read.IOPS, j.Write.IOBytes>>20, j.Write.IOPS, j.Error)
+			if am != nil {
+				if am.started.Load() == 0 {
+					t.Fatal("the server never started a request asynchronously")
+				}
+				t.Logf("async backend: %d requests started (%d completed inline), %d plugs",
+					am.started.Load(), am.inline.Load(), am.plugs.Load())
+			}
+		})
 	}
-	if j.Write.IOBytes == 0 || j.Read.IOBytes == 0 {
-		t.Fatalf("fio moved read %d / write %d bytes", j.Read.IOBytes, j.Write.IOBytes)
-	}
-	t.Logf("fio randrw+verify crc32c 64M: read %d MiB (%.0f IOPS), write %d MiB (%.0f IOPS), error %d",
-		j.Read.IOBytes>>20, j.Read.IOPS, j.Write.IOBytes>>20, j.Write.IOPS, j.Error)
 }

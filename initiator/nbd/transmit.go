@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"time"
 
@@ -33,6 +34,10 @@ type session struct {
 	budget  *budget
 	replies chan *request // to the writer; capacity = slots, never blocks
 	wg      sync.WaitGroup
+
+	async   AsyncBackend // the export's backend, if it is one
+	plugger Plugger      // likewise
+	unplug  func()       // set while the backend is plugged (reader only)
 }
 
 // transmit serves requests until the client disconnects, violates the
@@ -46,10 +51,13 @@ func (c *conn) transmit(ctx context.Context, sel selected) error {
 		budget:  newBudget(c.cfg.maxInFlightBytes),
 		replies: make(chan *request, c.cfg.maxInFlight),
 	}
+	s.async, _ = sel.exp.Backend.(AsyncBackend)
+	s.plugger, _ = sel.exp.Backend.(Plugger)
 	writerDone := make(chan error, 1)
 	go func() { writerDone <- s.writer() }()
 
 	readErr := s.reader()
+	s.endPlug()
 
 	// Every request read has a worker or an immediate reply; wait for the
 	// workers, then let the writer send what is left, within bounds.
@@ -79,6 +87,7 @@ func (s *session) reader() error {
 	exp := s.sel.exp
 	var hdr [RequestSize]byte
 	for {
+		s.mayWait(RequestSize)
 		if _, err := io.ReadFull(c.br, hdr[:]); err != nil {
 			return s.readError(err, "request header")
 		}
@@ -109,12 +118,13 @@ func (s *session) reader() error {
 				s.reply(r)
 				continue
 			}
-			if err := s.budget.acquire(s.ctx, int64(r.length)); err != nil {
+			if err := s.acquire(int64(r.length)); err != nil {
 				s.done(r)
 				return nil
 			}
 			r.reserved = int64(r.length)
 			r.buf = c.pool.get(int(r.length))
+			s.mayWait(int(r.length))
 			if _, err := io.ReadFull(c.br, *r.buf); err != nil {
 				s.done(r)
 				return s.readError(err, "write payload")
@@ -131,7 +141,7 @@ func (s *session) reader() error {
 			continue
 		}
 		if r.typ == CmdRead {
-			if err := s.budget.acquire(s.ctx, int64(r.length)); err != nil {
+			if err := s.acquire(int64(r.length)); err != nil {
 				s.done(r)
 				return nil
 			}
@@ -162,14 +172,63 @@ func (s *session) takeSlot() error {
 	select {
 	case s.slots <- struct{}{}:
 		return nil
+	default:
+	}
+	s.endPlug() // what waits behind the plug may be what frees a slot
+	select {
+	case s.slots <- struct{}{}:
+		return nil
 	case <-s.ctx.Done():
 		return s.ctx.Err()
 	}
 }
 
-// dispatch runs r on the backend in its own goroutine.
+// acquire takes n bytes of the payload budget, waiting if need be.
+func (s *session) acquire(n int64) error {
+	if s.budget.tryAcquire(n) {
+		return nil
+	}
+	s.endPlug()
+	return s.budget.acquire(s.ctx, n)
+}
+
+// mayWait ends the plug if reading n more bytes from the client may wait.
+func (s *session) mayWait(n int) {
+	if s.unplug != nil && s.c.br.Buffered() < n {
+		s.endPlug()
+	}
+}
+
+func (s *session) endPlug() {
+	if s.unplug != nil {
+		s.unplug()
+		s.unplug = nil
+	}
+}
+
+// dispatch runs r on the backend: READ and WRITE of an AsyncBackend
+// start from here and complete in done, the rest in a goroutine of
+// their own.
 func (s *session) dispatch(r *request) {
 	s.wg.Add(1)
+	if s.async != nil && (r.typ == CmdRead || r.typ == CmdWrite) {
+		// Another request already waits in the buffer: hold this one
+		// back until it, and whatever follows it there, can go along.
+		if s.plugger != nil && s.unplug == nil && s.c.br.Buffered() >= RequestSize {
+			s.unplug = s.plugger.Plug()
+		}
+		done := func(err error) {
+			s.finish(r, err)
+			s.reply(r)
+			s.wg.Done()
+		}
+		if r.typ == CmdRead {
+			s.async.StartRead(s.ctx, *r.buf, int64(r.off), done)
+		} else {
+			s.async.StartWrite(s.ctx, *r.buf, int64(r.off), r.flags&CmdFlagFUA != 0, done)
+		}
+		return
+	}
 	go func() {
 		defer s.wg.Done()
 		s.execute(r)
@@ -202,7 +261,13 @@ func (s *session) writer() error {
 		if werr == nil {
 			werr = s.writeReply(r)
 			if werr == nil && len(s.replies) == 0 {
-				werr = c.bw.Flush()
+				// Yield once before the write: requests completed by the
+				// same batch of completions queue their replies meanwhile
+				// and share it (a loopback write costs several µs).
+				runtime.Gosched()
+				if len(s.replies) == 0 {
+					werr = c.bw.Flush()
+				}
 			}
 			if werr != nil {
 				werr = fmt.Errorf("nbd: send reply: %w", werr)

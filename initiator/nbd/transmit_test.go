@@ -193,7 +193,20 @@ func TestRequestErrors(t *testing.T) {
 // TestOutOfOrder: the first request blocks in the backend until the
 // client has received the reply to the second.
 func TestOutOfOrder(t *testing.T) {
-	m := newMem(1 << 20)
+	t.Run("blocking", func(t *testing.T) { testOutOfOrder(t, false) })
+	t.Run("async", func(t *testing.T) { testOutOfOrder(t, true) })
+}
+
+func testOutOfOrder(t *testing.T, async bool) {
+	var be Backend
+	var m *memBackend
+	if async {
+		a := newAsyncMem(1 << 20)
+		be, m = a, a.memBackend
+	} else {
+		m = newMem(1 << 20)
+		be = m
+	}
 	copy(m.data, pattern(1<<20, 4))
 	release := make(chan struct{})
 	m.hook = func(ctx context.Context, op string, off, n int64) error {
@@ -206,7 +219,7 @@ func TestOutOfOrder(t *testing.T) {
 		}
 		return nil
 	}
-	s := serve(t, oneExport(m))
+	s := serve(t, oneExport(be))
 	c := dial(t, s.addr, clientFlagFixedNewstyle)
 	c.goExport("x")
 	c.send(CmdRead, 0, 1, 0, 4096, nil)

@@ -114,17 +114,21 @@ func (c *Client) startAsync(a *asyncReq) bool {
 	if s == nil || len(a.p) == 0 || len(a.p) > s.maxTransfer {
 		return false
 	}
-	q := s.pick()
+	q := s.pick(len(a.p))
 	var i int
 	select {
 	case i = <-q.free:
 	default:
 		return false
 	}
-	b := s.bounce.tryGet(len(a.p))
-	if b == nil {
-		q.free <- i
-		return false
+	// A staging buffer for the RDMA Write or Read; an inline READ's data
+	// comes in the target's Send and goes straight to p (onData).
+	var b *bbuf
+	if a.op != blockproto.OpRead || uint32(len(a.p)) > q.inline {
+		if b = s.bounce.tryGet(len(a.p)); b == nil {
+			q.free <- i
+			return false
+		}
 	}
 	if a.op == blockproto.OpWrite {
 		copy(b.b, a.p)
@@ -152,7 +156,7 @@ func (sl *islot) completeAsync() {
 	_, err := sl.collect()
 	b := sl.bounce
 	sl.bounce = nil
-	if err == nil && a.op == blockproto.OpRead {
+	if err == nil && a.op == blockproto.OpRead && b != nil {
 		copy(a.p, b.b[:sl.n])
 	}
 	sl.state.Store(slotIdle)

@@ -244,8 +244,9 @@ func (sl *islot) onResponse(r blockproto.Response) error {
 }
 
 // onData handles a DATA, the answer to a READ with FlagInline: its data
-// goes to the slot's staging buffer (the caller's memory is not touched
-// from the poller), and the exchange ends.
+// goes to the slot's staging buffer (a blocking caller's memory is not
+// touched from the poller: the caller may have given up), or straight to
+// the buffer of a StartRead, and the exchange ends.
 func (sl *islot) onData(m blockproto.Data) error {
 	if st := sl.state.Load(); st != slotInflight && st != slotAbandoned {
 		return fmt.Errorf("%w: DATA for idle slot %d", ErrProtocol, sl.idx)
@@ -256,7 +257,11 @@ func (sl *islot) onData(m blockproto.Data) error {
 	if m.Len() != sl.n {
 		return fmt.Errorf("%w: DATA of %d bytes for a %d-byte READ", ErrProtocol, m.Len(), sl.n)
 	}
-	copy(sl.bounce.b, m.Payload())
+	if sl.async {
+		copy(sl.areq.p, m.Payload()) // a StartRead's buffer is the caller's until done
+	} else {
+		copy(sl.bounce.b, m.Payload())
+	}
 	sl.q.putGrant(m.Grant().Fields())
 	sl.status = blockproto.StatusOK
 	sl.finish()

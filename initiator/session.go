@@ -104,19 +104,29 @@ func (s *session) loginQP(ctx context.Context, join bool) (*iqp, error) {
 	}
 }
 
-// pick returns a QP with a free slot if there is one, else the next in
-// turn.
-func (s *session) pick() *iqp {
-	n := uint32(len(s.qps))
-	start := s.rr.Add(1)
-	for i := uint32(0); i < n; i++ {
-		q := s.qps[(start+i)%n]
+// pick returns a QP for a request of n bytes: one with a free slot if
+// there is one, else the next in turn. Small requests fill the first QP
+// before the next: on one connection they share writes and wake-ups.
+// Large ones take the QPs in turn: their bytes then move over several
+// connections at once.
+func (s *session) pick(n int) *iqp {
+	k := uint32(len(s.qps))
+	start := uint32(0)
+	if n > pickSpread {
+		start = s.rr.Add(1)
+	}
+	for i := uint32(0); i < k; i++ {
+		q := s.qps[(start+i)%k]
 		if len(q.free) > 0 && !q.isDead() {
 			return q
 		}
 	}
-	return s.qps[start%n]
+	return s.qps[s.rr.Add(1)%k]
 }
+
+// pickSpread is the request size above which pick spreads requests over
+// the QPs.
+const pickSpread = 64 << 10
 
 // fail marks the session dead (a QP died) and lets the client reconnect.
 func (s *session) fail(cause error) {
@@ -181,7 +191,7 @@ func (s *session) do(ctx context.Context, op blockproto.Opcode, flags uint16, of
 			copy(b.b, src)
 		}
 	}
-	q := s.pick()
+	q := s.pick(int(n))
 	sl, err := q.acquire(ctx)
 	if err != nil {
 		s.bounce.put(b)
@@ -205,7 +215,7 @@ func (s *session) atomic(ctx context.Context, op rnic.WROp, off uint64, compare,
 	if s.lockSTag == 0 {
 		return 0, fmt.Errorf("%w: the target offers no lock table", ErrInvalid)
 	}
-	q := s.pick()
+	q := s.pick(0)
 	var k int
 	select {
 	case k = <-q.afree:

@@ -21,7 +21,7 @@ import (
 )
 
 func nbdCommand() *cli.Command {
-	flags := append(sessionFlags(), clix.ProfileFlag("RINIT_"),
+	flags := append(sessionFlags(), clix.ProfileFlag("RINIT_"), clix.CPUsFlag("RINIT_"),
 		&cli.StringFlag{Name: "listen", Value: "127.0.0.1:10809", Usage: "NBD listen address HOST:PORT or unix:PATH",
 			EnvVars: []string{"RINIT_LISTEN"}},
 		&cli.StringFlag{Name: "export-name", Usage: "NBD export name (default: the volume name; clients asking for \"\" get it too)",
@@ -60,6 +60,9 @@ func export(c *cli.Context, cl *initiator.Client) nbd.Export {
 func runNBD(c *cli.Context) error {
 	log, err := clix.Logger(c, os.Stderr)
 	if err != nil {
+		return err
+	}
+	if err := clix.ApplyCPUs(c); err != nil {
 		return err
 	}
 	stopProfile, err := clix.StartProfile(c)

@@ -39,7 +39,7 @@ func serveCommand() *cli.Command {
 	}
 	flags = append(flags, dataFlags()...)
 	flags = append(flags, clix.LogFlags("RTARGET_")...)
-	flags = append(flags, clix.ProfileFlag("RTARGET_"))
+	flags = append(flags, clix.ProfileFlag("RTARGET_"), clix.CPUsFlag("RTARGET_"))
 	return &cli.Command{
 		Name:  "serve",
 		Usage: "serve volumes to initiators",
@@ -158,6 +158,9 @@ func configVolumes(c *cli.Context) ([]string, error) {
 func runServe(c *cli.Context) error {
 	log, err := clix.Logger(c, os.Stderr)
 	if err != nil {
+		return err
+	}
+	if err := clix.ApplyCPUs(c); err != nil {
 		return err
 	}
 	stopProfile, err := clix.StartProfile(c)

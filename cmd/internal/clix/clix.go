@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -221,6 +222,27 @@ func Exit(prog string, err error) {
 	}
 	fmt.Fprintf(os.Stderr, "%s: %v\n", prog, err)
 	os.Exit(1)
+}
+
+// CPUsFlag is --cpus: how many CPUs may run the program's Go code at once
+// (GOMAXPROCS).
+func CPUsFlag(envPrefix string) cli.Flag {
+	return &cli.IntFlag{Name: "cpus", Value: 0, EnvVars: []string{envPrefix + "CPUS"},
+		Usage: "run on at most `N` CPUs at once (GOMAXPROCS; 0: all). On a host whose CPUs are busy with other " +
+			"work (the application, fio, a co-located target), 1 or 2 costs less CPU per I/O: the engine's goroutines " +
+			"hand work to each other without waking idle threads"}
+}
+
+// ApplyCPUs applies --cpus.
+func ApplyCPUs(c *cli.Context) error {
+	n := c.Int("cpus")
+	if n < 0 {
+		return fmt.Errorf("--cpus %d: want 0 (all) or a positive number", n)
+	}
+	if n > 0 {
+		runtime.GOMAXPROCS(n)
+	}
+	return nil
 }
 
 // ProfileFlag is --cpu-profile: write a CPU profile of the whole run to a

@@ -41,6 +41,7 @@ type options struct {
 	micro    bool
 	profile  bool
 	benchDir string
+	cpus     int
 }
 
 func main() {
@@ -56,6 +57,7 @@ func main() {
 	flag.StringVar(&o.systems, "systems", "", "comma-separated system names (default: all)")
 	flag.BoolVar(&o.micro, "micro", true, "run the Go micro-benchmarks")
 	flag.BoolVar(&o.profile, "profile", true, "profile rinit and rtarget under 4K random reads")
+	flag.IntVar(&o.cpus, "cpus", 1, "--cpus of rinit and rtarget in the rnic-memory and rnic-badger systems (0: all); rnic-memory-allcpus always runs with all")
 	quick := flag.Bool("quick", false, "1 repetition, 2 s per job, no ramp")
 	flag.Parse()
 	if *quick {
@@ -77,8 +79,11 @@ type Result struct {
 	WriteIOPS float64            `json:"write_iops"`
 	ReadMBps  float64            `json:"read_mbps"`
 	WriteMBps float64            `json:"write_mbps"`
-	ClatUs    map[string]float64 `json:"clat_percentiles_us,omitempty"` // read completion latency
+	ClatUs    map[string]float64 `json:"clat_percentiles_us,omitempty"` // read latency: total (lat_percentiles=1 jobs) or completion
 	Errors    int                `json:"errors"`
+	// CPUus is the CPU time (user + system) the system's server processes
+	// used during the job, in µs per I/O.
+	CPUus float64 `json:"server_cpu_us_per_io"`
 }
 
 // RSS is the peak resident set of our processes in one repetition.
@@ -122,13 +127,14 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	systems := allSystems(bin, o.size)
+	systems := allSystems(bin, o.size, o.cpus)
 	if o.systems != "" {
 		systems = pick(systems, strings.Split(o.systems, ","))
 	}
 	host, _ := os.Hostname()
 	rep := report{Started: time.Now().UTC(), Host: host, CPUs: numCPU(),
-		Options:  fmt.Sprintf("reps=%d runtime=%ds ramp=%ds region=%s size=%s", o.reps, o.runtime, o.ramp, o.region, o.size),
+		Options: fmt.Sprintf("reps=%d runtime=%ds ramp=%ds region=%s size=%s, rinit and rtarget --cpus %d", o.reps, o.runtime,
+			o.ramp, o.region, o.size, o.cpus),
 		Versions: versions()}
 
 	for r := 1; r <= o.reps; r++ {
@@ -365,7 +371,13 @@ func fio(ctx context.Context, jobFile, uri string, o options) (Result, error) {
 	j := doc.Jobs[0]
 	r := Result{ReadIOPS: j.Read.IOPS, WriteIOPS: j.Write.IOPS, ReadMBps: float64(j.Read.BwBytes) / 1e6,
 		WriteMBps: float64(j.Write.BwBytes) / 1e6, Errors: j.Error}
-	pct := j.Read.Clat.Percentile
+	// Total latency (submission to completion) where the job asks for its
+	// percentiles (lat_percentiles=1), else completion latency: with fio's
+	// nbd engine a request can spend most of its life in submission.
+	pct := j.Read.Lat.Percentile
+	if len(pct) == 0 {
+		pct = j.Read.Clat.Percentile
+	}
 	if len(pct) == 0 {
 		pct = j.Write.Clat.Percentile
 	}
@@ -389,6 +401,9 @@ type fioDir struct {
 	Clat    struct {
 		Percentile map[string]float64 `json:"percentile"`
 	} `json:"clat_ns"`
+	Lat struct {
+		Percentile map[string]float64 `json:"percentile"`
+	} `json:"lat_ns"`
 }
 
 func runSystem(ctx context.Context, sys system, jobs []string, rep int, o options, work string, log *slog.Logger) ([]Result, []RSS, error) {
@@ -411,13 +426,19 @@ func runSystem(ctx context.Context, sys system, jobs []string, rep int, o option
 	}
 	var out []Result
 	for _, j := range jobs {
+		cpu0 := cpuSeconds(procs)
 		r, err := fio(ctx, filepath.Join(o.jobsDir, j+".fio"), uri, o)
 		if err != nil {
 			return nil, nil, err
 		}
+		// I/Os over the ramp too, at the measured rate: the CPU time
+		// covers the whole fio run.
+		if ios := (r.ReadIOPS + r.WriteIOPS) * float64(o.runtime+o.ramp); ios > 0 {
+			r.CPUus = (cpuSeconds(procs) - cpu0) / ios * 1e6
+		}
 		r.System, r.Job, r.Rep = sys.name, j, rep
 		log.Info("fio", "system", sys.name, "job", j, "rep", rep, "read_iops", int(r.ReadIOPS), "write_iops", int(r.WriteIOPS),
-			"read_MBps", int(r.ReadMBps), "write_MBps", int(r.WriteMBps))
+			"read_MBps", int(r.ReadMBps), "write_MBps", int(r.WriteMBps), "cpu_us_per_io", int(r.CPUus))
 		out = append(out, r)
 	}
 	var rss []RSS
@@ -436,9 +457,9 @@ type system struct {
 	start       func(dir, work string, extra map[string][]string) ([]*proc, string, error)
 }
 
-func allSystems(bin, size string) []system {
+func allSystems(bin, size string, cpus int) []system {
 	rtarget, rinit := filepath.Join(bin, "rtarget"), filepath.Join(bin, "rinit")
-	ourStack := func(store string) func(dir, work string, extra map[string][]string) ([]*proc, string, error) {
+	ourStack := func(store string, cpus int) func(dir, work string, extra map[string][]string) ([]*proc, string, error) {
 		return func(dir, work string, extra map[string][]string) ([]*proc, string, error) {
 			tp, err := freePort()
 			if err != nil {
@@ -449,7 +470,7 @@ func allSystems(bin, size string) []system {
 				return nil, "", err
 			}
 			targs := []string{rtarget, "serve", "--listen", "127.0.0.1:" + strconv.Itoa(tp), "--volume", "bench:" + size,
-				"--store", store, "--data", filepath.Join(dir, "data"), "--log-level", "warn"}
+				"--store", store, "--data", filepath.Join(dir, "data"), "--log-level", "warn", "--cpus", strconv.Itoa(cpus)}
 			t, err := startProc(work, "rtarget", append(targs, extra["rtarget"]...)...)
 			if err != nil {
 				return nil, "", err
@@ -459,7 +480,7 @@ func allSystems(bin, size string) []system {
 				return procs, "", err
 			}
 			iargs := []string{rinit, "nbd", "--target", "127.0.0.1:" + strconv.Itoa(tp), "--volume", "bench",
-				"--listen", "127.0.0.1:" + strconv.Itoa(np), "--log-level", "warn"}
+				"--listen", "127.0.0.1:" + strconv.Itoa(np), "--log-level", "warn", "--cpus", strconv.Itoa(cpus)}
 			i, err := startProc(work, "rinit", append(iargs, extra["rinit"]...)...)
 			if err != nil {
 				return procs, "", err
@@ -495,8 +516,8 @@ func allSystems(bin, size string) []system {
 		}
 	}
 	return []system{
-		{name: "rnic-memory", title: "rinit -> rtarget (memory store)", ours: true, start: ourStack("memory")},
-		{name: "rnic-badger", title: "rinit -> rtarget (badger store)", ours: true, start: ourStack("badger")},
+		{name: "rnic-memory", title: "rinit -> rtarget (memory store)", ours: true, start: ourStack("memory", cpus)},
+		{name: "rnic-badger", title: "rinit -> rtarget (badger store)", ours: true, start: ourStack("badger", cpus)},
 		{name: "nbdkit-memory", title: "nbdkit memory", start: nbdkit("memory", size)},
 		{name: "nbdkit-file", title: "nbdkit file", start: nbdkit("file", "{DIR}/disk")},
 		{name: "nbd-server", title: "nbd-server (file)", start: func(dir, work string, _ map[string][]string) ([]*proc, string, error) {
@@ -550,7 +571,54 @@ func allSystems(bin, size string) []system {
 			procs = append(procs, f)
 			return procs, fmt.Sprintf("nbd://127.0.0.1:%d/", front), waitPort(front, procs)
 		}},
+		{name: "rnic-memory-allcpus", title: "rinit -> rtarget (memory store), --cpus 0", ours: true, start: ourStack("memory", 0)},
 	}
+}
+
+// cpuSeconds is the CPU time (user + system, children reaped included)
+// of every process in the process groups of procs: a system's servers
+// with whatever they forked (nbd-server serves each connection in a child
+// of its daemon, whose group its pid file names).
+func cpuSeconds(procs []*proc) float64 {
+	groups := map[int]bool{}
+	for _, p := range procs {
+		groups[p.cmd.Process.Pid] = true
+		if p.pidFile != "" {
+			if b, err := os.ReadFile(p.pidFile); err == nil {
+				if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+					groups[pid] = true
+				}
+			}
+		}
+	}
+	ents, _ := os.ReadDir("/proc")
+	var ticks int64
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp ... : fields after the comm's ')'.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 15 {
+			continue
+		}
+		if pg, _ := strconv.Atoi(f[2]); !groups[pg] {
+			continue
+		}
+		for _, k := range f[11:15] { // utime stime cutime cstime
+			n, _ := strconv.ParseInt(k, 10, 64)
+			ticks += n
+		}
+	}
+	return float64(ticks) / 100 // USER_HZ
 }
 
 func truncate(path, size string) error {
@@ -594,7 +662,7 @@ func pick(all []system, names []string) []system {
 // read QD16 job and returns pprof's top functions of each.
 func profileRun(ctx context.Context, bin string, o options, work string, log *slog.Logger) (string, error) {
 	log.Info("CPU profile under randread-4k-qd16")
-	sys := allSystems(bin, o.size)[0]
+	sys := allSystems(bin, o.size, o.cpus)[0]
 	dir, err := os.MkdirTemp(work, "profile")
 	if err != nil {
 		return "", err

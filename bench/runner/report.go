@@ -58,6 +58,25 @@ func medians(rep report) map[string]map[string]float64 {
 	return out
 }
 
+// cpuMedians is the median server CPU per I/O by job and system.
+func cpuMedians(rep report) map[string]map[string]float64 {
+	vals := map[string]map[string][]float64{}
+	for _, r := range rep.Results {
+		if vals[r.Job] == nil {
+			vals[r.Job] = map[string][]float64{}
+		}
+		vals[r.Job][r.System] = append(vals[r.Job][r.System], r.CPUus)
+	}
+	out := map[string]map[string]float64{}
+	for j, m := range vals {
+		out[j] = map[string]float64{}
+		for s, v := range m {
+			out[j][s] = median(v)
+		}
+	}
+	return out
+}
+
 func latencyMedians(rep report, job string) map[string]map[string]float64 {
 	vals := map[string]map[string][]float64{}
 	for _, r := range rep.Results {
@@ -126,9 +145,30 @@ func markdown(rep report, jobs []string, systems []system, micro, prof string) s
 		fmt.Fprintf(&b, " %s | %s | %s |\n", ratio(med[j]["rnic-memory"], med[j]["nbdkit-memory"]),
 			ratio(med[j]["rnic-memory"], med[j]["nbdkit-proxy"]), ratio(med[j]["rnic-badger"], med[j]["nbd-server"]))
 	}
+	cpu := cpuMedians(rep)
+	b.WriteString("\n## Server CPU per I/O (µs of user + system time, median)\n\n" +
+		"CPU time of the system's server processes (for ours rinit + rtarget; nbdkit-proxy both nbdkit processes; " +
+		"nbd-server its daemon and connection child) during the fio run, divided by the I/Os done at the measured " +
+		"rate. fio's own CPU is not counted. On these shared 2-CPU machines this is steadier than IOPS, and it is what " +
+		"an I/O costs the host.\n\n| Job |")
+	for _, s := range systems {
+		fmt.Fprintf(&b, " %s |", s.name)
+	}
+	b.WriteString("\n|---|")
+	for range systems {
+		b.WriteString("---|")
+	}
+	b.WriteString("\n")
+	for _, j := range jobs {
+		fmt.Fprintf(&b, "| %s |", j)
+		for _, s := range systems {
+			fmt.Fprintf(&b, " %.1f |", cpu[j][s.name])
+		}
+		b.WriteString("\n")
+	}
 	lat := latencyMedians(rep, "latency-4k-qd1")
 	if len(lat) > 0 {
-		b.WriteString("\n## Latency, 4K random read at QD1 (completion latency, µs, median of runs)\n\n| System |")
+		b.WriteString("\n## Latency, 4K random read at QD1 (total latency, submission to completion, µs, median of runs)\n\n| System |")
 		for _, p := range pctOrder {
 			fmt.Fprintf(&b, " p%s |", p)
 		}
@@ -189,6 +229,7 @@ func repsText(rep report) string {
 var palette = []color.Color{
 	color.RGBA{0x1f, 0x77, 0xb4, 0xff}, color.RGBA{0x2c, 0xa0, 0x2c, 0xff}, color.RGBA{0xff, 0x7f, 0x0e, 0xff},
 	color.RGBA{0xd6, 0x27, 0x28, 0xff}, color.RGBA{0x94, 0x67, 0xbd, 0xff}, color.RGBA{0x8c, 0x56, 0x4b, 0xff},
+	color.RGBA{0x7f, 0x7f, 0x7f, 0xff},
 }
 
 // plots writes iops.png (median IOPS of every 4K job per system) and
@@ -230,7 +271,7 @@ func plots(rep report, jobs []string, systems []system, out string) error {
 
 	lat := latencyMedians(rep, "latency-4k-qd1")
 	lp := plot.New()
-	lp.Title.Text = "4 KiB random read, QD1: completion latency percentiles"
+	lp.Title.Text = "4 KiB random read, QD1: latency percentiles (submission to completion)"
 	lp.Y.Label.Text = "µs"
 	for i, s := range systems {
 		vals := make(plotter.Values, len(pctOrder))

@@ -377,12 +377,12 @@ func (r *rxState) send(op rdmap.Opcode, h ddp.Untagged, payload, n int) error {
 			return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnspecified},
 				EventProtocolError, r.hl, n, "Immediate Data of %d bytes", payload)
 		}
-		var b [rdmap.ImmediateLen]byte
-		if err := r.c.rd.ReadFull(b[:]); err != nil {
+		b := r.body[:rdmap.ImmediateLen] // not a local array: the CRC kernels make it escape
+		if err := r.c.rd.ReadFull(b); err != nil {
 			return err
 		}
 		r.act.kind = actRecvDone
-		r.act.imm, r.act.hasImm = rdmap.Immediate(b[:]).Data(), true
+		r.act.imm, r.act.hasImm = rdmap.Immediate(b).Data(), true
 		r.act.solicited = op == rdmap.OpImmediateSE
 		return nil
 	}
@@ -611,11 +611,11 @@ func (r *rxState) atomicResponse(h ddp.Untagged, payload, n int) error {
 		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnspecified},
 			EventProtocolError, r.hl, n, "Atomic Response of %d bytes", payload)
 	}
-	var b [rdmap.AtomicResponseLen]byte
-	if err := r.c.rd.ReadFull(b[:]); err != nil {
+	b := r.body[:rdmap.AtomicResponseLen]
+	if err := r.c.rd.ReadFull(b); err != nil {
 		return err
 	}
-	resp, err := rdmap.ParseAtomicResponse(b[:])
+	resp, err := rdmap.ParseAtomicResponse(b)
 	if err != nil {
 		return r.decodeErr(err, EventProtocolError, r.hl, n)
 	}
@@ -690,7 +690,7 @@ func (r *rxState) apply() (rxEnd, bool) {
 			return 0, false
 		}
 		done := *head
-		q.ord = q.ord[1:]
+		q.popORD()
 		ok := true
 		st := StatusSuccess
 		if done.got != uint64(done.size) {
@@ -714,7 +714,7 @@ func (r *rxState) apply() (rxEnd, bool) {
 		q := qp.sq
 		q.mu.Lock()
 		done := q.ord[0]
-		q.ord = q.ord[1:]
+		q.popORD()
 		st := r.writeResult(q.at(done.idx).wr.Local, a.orig)
 		return r.ordDone(st, q.completeLocked(qp, done.idx, st))
 	case actPushResp:
@@ -788,7 +788,7 @@ func (r *rxState) terminateReceived(f rdmap.TerminateFields) {
 	q.mu.Lock()
 	if len(q.ord) > 0 && q.ord[0].wqe {
 		idx := q.ord[0].idx
-		q.ord = q.ord[1:]
+		q.popORD()
 		q.completeLocked(qp, idx, StatusRemoteTermination)
 	}
 	q.mu.Unlock()

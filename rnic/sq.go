@@ -146,6 +146,14 @@ func (q *sendQueue) flushLocked(qp *QP) {
 // outstandingReads counts outstanding Read and Atomic requests.
 func (q *sendQueue) outstandingReads() int { return len(q.ord) }
 
+// popORD drops the oldest outstanding Read or atomic (q.mu held). It
+// shifts rather than reslices, so the queue keeps its capacity and
+// appending the next one does not allocate.
+func (q *sendQueue) popORD() {
+	n := copy(q.ord, q.ord[1:])
+	q.ord = q.ord[:n]
+}
+
 func (q *sendQueue) empty() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()

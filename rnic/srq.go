@@ -35,7 +35,7 @@ func newRecvQueue(depth, maxSGE int) *recvQueue {
 
 // post appends WRs; it stops at the first one that fails and returns how
 // many were queued.
-func (q *recvQueue) post(wrs []RecvWR, check func(*RecvWR) error) (int, error) {
+func (q *recvQueue) post(wrs []RecvWR) (int, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for i := range wrs {
@@ -43,10 +43,8 @@ func (q *recvQueue) post(wrs []RecvWR, check func(*RecvWR) error) (int, error) {
 		if len(wr.SGL) > q.maxSGE {
 			return i, fmt.Errorf("rnic: post receive %d: %w: %d SGEs, at most %d", wr.ID, ErrInvalidSGLLength, len(wr.SGL), q.maxSGE)
 		}
-		if check != nil {
-			if err := check(wr); err != nil {
-				return i, err
-			}
+		if err := checkRecvSGL(wr); err != nil {
+			return i, err
 		}
 		if int(q.tail-q.head)+q.inProgress >= q.depth {
 			return i, fmt.Errorf("rnic: post receive %d: %w", wr.ID, ErrTooManyWRs)
@@ -185,7 +183,7 @@ func (s *SRQ) Post(wrs ...RecvWR) (int, error) {
 	if dead {
 		return 0, fmt.Errorf("rnic: post to S-RQ: %w", ErrInvalidSRQ)
 	}
-	return s.q.post(wrs, func(wr *RecvWR) error { return checkRecvSGL(s.dev, s.pd, wr) })
+	return s.q.post(wrs)
 }
 
 // Query returns the S-RQ's attributes.

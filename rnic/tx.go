@@ -47,6 +47,11 @@ type txState struct {
 	writeErr   atomic.Pointer[error]
 	off        int  // batch bytes already written (a non-blocking write stopped there)
 	inline     bool // sending from pushInline: take only small messages, never block
+	// writeFn is the non-blocking write for c.raw.Write, made once (a
+	// closure per write would allocate); it leaves its result in wn, werr.
+	writeFn func(fd uintptr) bool
+	wn      int
+	werr    error
 }
 
 func (t *txState) init(c *conn) {
@@ -56,6 +61,10 @@ func (t *txState) init(c *conn) {
 	t.crc = c.info.CRC
 	t.mulpdu = c.info.MULPDU
 	t.msn = ddp.TxQueues{}
+	t.writeFn = func(fd uintptr) bool {
+		t.wn, t.werr = syscall.Write(int(fd), t.batch[t.off:])
+		return true
+	}
 }
 
 // txMain runs the transmit side.
@@ -245,16 +254,11 @@ func (t *txState) flush() bool {
 // whole batch went out (and completes its WQEs if so).
 func (t *txState) flushNonBlocking() bool {
 	for t.off < len(t.batch) {
-		var n int
-		var err error
-		werr := t.c.raw.Write(func(fd uintptr) bool {
-			n, err = syscall.Write(int(fd), t.batch[t.off:])
-			return true
-		})
-		if werr != nil {
+		if werr := t.c.raw.Write(t.writeFn); werr != nil {
 			t.writeFailed(werr)
 			return false
 		}
+		n, err := t.wn, t.werr
 		if err == syscall.EINTR {
 			continue
 		}
@@ -598,10 +602,10 @@ func (t *txState) sendImmediate(idx uint32, se bool, imm uint64) {
 		op = rdmap.OpImmediateSE
 	}
 	h := t.untagged(op, true, 0, rdmap.QNSend, t.msn.Next(rdmap.QNSend), 0)
-	var b [rdmap.ImmediateLen]byte
-	rdmap.Immediate(b[:]).SetData(imm)
+	b := t.scratch[:rdmap.ImmediateLen] // not a local array: the CRC kernels make it escape
+	rdmap.Immediate(b).SetData(imm)
 	t.beginFPDU(h, len(b))
-	t.payload(b[:])
+	t.payload(b)
 	t.endFPDU()
 }
 
@@ -782,9 +786,9 @@ func (t *txState) sendAtomicResponse(job *respJob) {
 		return
 	}
 	h := t.untagged(rdmap.OpAtomicResponse, true, 0, rdmap.QNAtomicResponse, t.msn.Next(rdmap.QNAtomicResponse), 0)
-	var b [rdmap.AtomicResponseLen]byte
-	rdmap.AtomicResponse(b[:]).Encode(&rdmap.AtomicResponseFields{ReqID: r.ReqID, Original: orig})
+	b := t.scratch[:rdmap.AtomicResponseLen]
+	rdmap.AtomicResponse(b).Encode(&rdmap.AtomicResponseFields{ReqID: r.ReqID, Original: orig})
 	t.beginFPDU(h, len(b))
-	t.payload(b[:])
+	t.payload(b)
 	t.endFPDU()
 }

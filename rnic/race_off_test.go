@@ -1,0 +1,5 @@
+//go:build !race
+
+package rnic
+
+const raceEnabled = false

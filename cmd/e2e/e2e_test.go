@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -466,6 +467,19 @@ func TestKill9Durability(t *testing.T) {
 	t.Logf("e2fsck after kill -9 and restart: %s", lastLine(out))
 }
 
+// exitCode is the exit status of a command that ran (-1 if it did not run
+// or was killed by a signal, 0 on success).
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	return -1
+}
+
 func lastLine(s string) string {
 	s = strings.TrimSpace(s)
 	return s[strings.LastIndex(s, "\n")+1:]
@@ -542,8 +556,39 @@ func TestReloadAndErrors(t *testing.T) {
 		b, err := exec.Command(c.bin, c.args...).CombinedOutput()
 		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 		last := lines[len(lines)-1]
-		if err == nil || !strings.Contains(last, c.want) {
-			t.Errorf("%s %v: exit %v, last line %q (want %q)", filepath.Base(c.bin), c.args, err, last, c.want)
+		if exitCode(err) != 1 || !strings.Contains(last, c.want) {
+			t.Errorf("%s %v: exit %v, last line %q (want status 1 and %q)", filepath.Base(c.bin), c.args, err, last, c.want)
+		}
+	}
+	// Usage mistakes: one line naming the command and its --help, no help
+	// dump, exit status 2.
+	for _, c := range []struct {
+		bin  string
+		env  string
+		args []string
+		want string
+	}{
+		{rt, "", []string{"serve", "--bogus"}, "rtarget serve: flag provided but not defined: -bogus (see rtarget serve --help)"},
+		{rt, "", []string{"--bogus"}, "rtarget: flag provided but not defined: -bogus (see rtarget --help)"},
+		{rt, "", []string{"bogus"}, `rtarget: unknown command "bogus" (see rtarget --help)`},
+		{rt, "", []string{"volume", "bogus"}, `rtarget volume: unknown command "bogus" (see rtarget volume --help)`},
+		{rt, "", []string{"volume", "import", "--progress=maybe", "a", "b"},
+			`rtarget volume import: invalid boolean value "maybe" for -progress: parse error (see rtarget volume import --help)`},
+		{rt, "", []string{"serve", "--listen"}, "rtarget serve: flag needs an argument: -listen (see rtarget serve --help)"},
+		{ri, "", []string{"nbd", "--bogus"}, "rinit nbd: flag provided but not defined: -bogus (see rinit nbd --help)"},
+		{ri, "", []string{"lock", "acquire", "--hold", "soon"},
+			`rinit lock acquire: invalid value "soon" for flag -hold: parse error (see rinit lock acquire --help)`},
+		{ri, "", []string{"rping", "-p", "x"}, `rinit rping: invalid value "x" for flag -p: parse error (see rinit rping --help)`},
+		{ri, "RINIT_QPS=many", []string{"info"}, `rinit info: could not parse "many" as int value from environment variable "RINIT_QPS" for flag qps`},
+	} {
+		cmd := exec.Command(c.bin, c.args...)
+		if c.env != "" {
+			cmd.Env = append(os.Environ(), c.env)
+		}
+		b, err := cmd.CombinedOutput()
+		out := strings.TrimSpace(string(b))
+		if exitCode(err) != 2 || strings.Contains(out, "\n") || !strings.HasPrefix(out, c.want) {
+			t.Errorf("%s %s %v: exit %v, output:\n%s\nwant status 2 and the one line %q", c.env, filepath.Base(c.bin), c.args, err, out, c.want)
 		}
 	}
 	for _, args := range [][]string{{"--help"}, {"serve", "--help"}, {"volume", "--help"}, {"volume", "import", "--help"}} {

@@ -519,25 +519,40 @@ func TestVolumeImportExport(t *testing.T) {
 	run(t, time.Minute, rt, "volume", "delete", "--data", data, "small")
 }
 
-// TestReloadAndErrors: SIGHUP creates newly configured volumes; bad input
-// gives one-line errors and a non-zero exit.
+// TestReloadAndErrors: the volumes serve creates are those of --volume plus
+// the config file's lines, and SIGHUP creates the ones the file lists anew
+// (each volume once); bad input gives one-line errors and a non-zero exit.
 func TestReloadAndErrors(t *testing.T) {
 	rt, ri := bins(t)
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "rtarget.conf")
 	addr := freePort(t)
 	os.WriteFile(conf, []byte("# test\nlisten = "+addr+"\nstore = memory\nvolume = a:1M\n"), 0o644)
-	p := start(t, rt, "serve", "--config", conf)
+	p := start(t, rt, "serve", "--config", conf, "--volume", "c:3M")
 	waitPort(t, addr, p)
-	os.WriteFile(conf, []byte("listen = "+addr+"\nstore = memory\nvolume = a:1M\nvolume = b:2M\n"), 0o644)
+	// b is new, a and c exist (c, from the command line, is not in the
+	// file), and b's second line is a duplicate with another size.
+	os.WriteFile(conf, []byte("listen = "+addr+"\nstore = memory\nvolume = a:1M\nvolume = b:2M\nvolume = b:8M\n"), 0o644)
 	p.cmd.Process.Signal(syscall.SIGHUP)
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(p.output(), "reloaded volumes") && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	out := run(t, 30*time.Second, ri, "info", "--target", addr, "--volume", "b")
-	if !strings.Contains(out, "size:        2097152") {
-		t.Fatalf("info after reload:\n%s", out)
+	for name, size := range map[string]string{"a": "1048576", "b": "2097152", "c": "3145728"} {
+		out := run(t, 30*time.Second, ri, "info", "--target", addr, "--volume", name)
+		if !strings.Contains(out, "size:        "+size+" ") {
+			t.Fatalf("info %s after reload:\n%s", name, out)
+		}
+	}
+	log := p.output()
+	for _, v := range []string{"a", "b", "c"} {
+		if n := strings.Count(log, "msg=\"volume created\" volume="+v+" "); n != 1 {
+			t.Errorf("volume %s created %d times:\n%s", v, n, log)
+		}
+	}
+	if !strings.Contains(log, `msg="reloaded volumes" listed=3 created=b`) ||
+		strings.Count(log, "volume listed twice with different sizes") != 1 {
+		t.Errorf("reload log:\n%s", log)
 	}
 	for _, c := range []struct {
 		bin  string

@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -466,6 +467,19 @@ func TestKill9Durability(t *testing.T) {
 	t.Logf("e2fsck after kill -9 and restart: %s", lastLine(out))
 }
 
+// exitCode is the exit status of a command that ran (-1 if it did not run
+// or was killed by a signal, 0 on success).
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	return -1
+}
+
 func lastLine(s string) string {
 	s = strings.TrimSpace(s)
 	return s[strings.LastIndex(s, "\n")+1:]
@@ -505,25 +519,40 @@ func TestVolumeImportExport(t *testing.T) {
 	run(t, time.Minute, rt, "volume", "delete", "--data", data, "small")
 }
 
-// TestReloadAndErrors: SIGHUP creates newly configured volumes; bad input
-// gives one-line errors and a non-zero exit.
+// TestReloadAndErrors: the volumes serve creates are those of --volume plus
+// the config file's lines, and SIGHUP creates the ones the file lists anew
+// (each volume once); bad input gives one-line errors and a non-zero exit.
 func TestReloadAndErrors(t *testing.T) {
 	rt, ri := bins(t)
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "rtarget.conf")
 	addr := freePort(t)
 	os.WriteFile(conf, []byte("# test\nlisten = "+addr+"\nstore = memory\nvolume = a:1M\n"), 0o644)
-	p := start(t, rt, "serve", "--config", conf)
+	p := start(t, rt, "serve", "--config", conf, "--volume", "c:3M")
 	waitPort(t, addr, p)
-	os.WriteFile(conf, []byte("listen = "+addr+"\nstore = memory\nvolume = a:1M\nvolume = b:2M\n"), 0o644)
+	// b is new, a and c exist (c, from the command line, is not in the
+	// file), and b's second line is a duplicate with another size.
+	os.WriteFile(conf, []byte("listen = "+addr+"\nstore = memory\nvolume = a:1M\nvolume = b:2M\nvolume = b:8M\n"), 0o644)
 	p.cmd.Process.Signal(syscall.SIGHUP)
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(p.output(), "reloaded volumes") && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	out := run(t, 30*time.Second, ri, "info", "--target", addr, "--volume", "b")
-	if !strings.Contains(out, "size:        2097152") {
-		t.Fatalf("info after reload:\n%s", out)
+	for name, size := range map[string]string{"a": "1048576", "b": "2097152", "c": "3145728"} {
+		out := run(t, 30*time.Second, ri, "info", "--target", addr, "--volume", name)
+		if !strings.Contains(out, "size:        "+size+" ") {
+			t.Fatalf("info %s after reload:\n%s", name, out)
+		}
+	}
+	log := p.output()
+	for _, v := range []string{"a", "b", "c"} {
+		if n := strings.Count(log, "msg=\"volume created\" volume="+v+" "); n != 1 {
+			t.Errorf("volume %s created %d times:\n%s", v, n, log)
+		}
+	}
+	if !strings.Contains(log, `msg="reloaded volumes" listed=3 created=b`) ||
+		strings.Count(log, "volume listed twice with different sizes") != 1 {
+		t.Errorf("reload log:\n%s", log)
 	}
 	for _, c := range []struct {
 		bin  string
@@ -542,8 +571,39 @@ func TestReloadAndErrors(t *testing.T) {
 		b, err := exec.Command(c.bin, c.args...).CombinedOutput()
 		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 		last := lines[len(lines)-1]
-		if err == nil || !strings.Contains(last, c.want) {
-			t.Errorf("%s %v: exit %v, last line %q (want %q)", filepath.Base(c.bin), c.args, err, last, c.want)
+		if exitCode(err) != 1 || !strings.Contains(last, c.want) {
+			t.Errorf("%s %v: exit %v, last line %q (want status 1 and %q)", filepath.Base(c.bin), c.args, err, last, c.want)
+		}
+	}
+	// Usage mistakes: one line naming the command and its --help, no help
+	// dump, exit status 2.
+	for _, c := range []struct {
+		bin  string
+		env  string
+		args []string
+		want string
+	}{
+		{rt, "", []string{"serve", "--bogus"}, "rtarget serve: flag provided but not defined: -bogus (see rtarget serve --help)"},
+		{rt, "", []string{"--bogus"}, "rtarget: flag provided but not defined: -bogus (see rtarget --help)"},
+		{rt, "", []string{"bogus"}, `rtarget: unknown command "bogus" (see rtarget --help)`},
+		{rt, "", []string{"volume", "bogus"}, `rtarget volume: unknown command "bogus" (see rtarget volume --help)`},
+		{rt, "", []string{"volume", "import", "--progress=maybe", "a", "b"},
+			`rtarget volume import: invalid boolean value "maybe" for -progress: parse error (see rtarget volume import --help)`},
+		{rt, "", []string{"serve", "--listen"}, "rtarget serve: flag needs an argument: -listen (see rtarget serve --help)"},
+		{ri, "", []string{"nbd", "--bogus"}, "rinit nbd: flag provided but not defined: -bogus (see rinit nbd --help)"},
+		{ri, "", []string{"lock", "acquire", "--hold", "soon"},
+			`rinit lock acquire: invalid value "soon" for flag -hold: parse error (see rinit lock acquire --help)`},
+		{ri, "", []string{"rping", "-p", "x"}, `rinit rping: invalid value "x" for flag -p: parse error (see rinit rping --help)`},
+		{ri, "RINIT_QPS=many", []string{"info"}, `rinit info: could not parse "many" as int value from environment variable "RINIT_QPS" for flag qps`},
+	} {
+		cmd := exec.Command(c.bin, c.args...)
+		if c.env != "" {
+			cmd.Env = append(os.Environ(), c.env)
+		}
+		b, err := cmd.CombinedOutput()
+		out := strings.TrimSpace(string(b))
+		if exitCode(err) != 2 || strings.Contains(out, "\n") || !strings.HasPrefix(out, c.want) {
+			t.Errorf("%s %s %v: exit %v, output:\n%s\nwant status 2 and the one line %q", c.env, filepath.Base(c.bin), c.args, err, out, c.want)
 		}
 	}
 	for _, args := range [][]string{{"--help"}, {"serve", "--help"}, {"volume", "--help"}, {"volume", "import", "--help"}} {

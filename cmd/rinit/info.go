@@ -64,8 +64,9 @@ func lockCommand() *cli.Command {
 	lockFlags := func(extra ...cli.Flag) []cli.Flag {
 		fl := append(sessionFlags(),
 			&cli.IntFlag{Name: "lock", Value: -1, Usage: "numbered lock `N` (0 .. the volume's lock count - 1)", EnvVars: []string{"RINIT_LOCK"}},
-			&cli.BoolFlag{Name: "exclusive", Usage: "the volume reservation, exclusive: only this initiator may write"},
-			&cli.BoolFlag{Name: "shared", Usage: "the volume reservation, shared: nobody may write"},
+			&cli.BoolFlag{Name: "exclusive", Usage: "the volume reservation, exclusive: only this initiator may write",
+				EnvVars: []string{"RINIT_EXCLUSIVE"}},
+			&cli.BoolFlag{Name: "shared", Usage: "the volume reservation, shared: nobody may write", EnvVars: []string{"RINIT_SHARED"}},
 		)
 		return append(fl, extra...)
 	}
@@ -82,9 +83,10 @@ func lockCommand() *cli.Command {
 				Description: "Holds until SIGINT/SIGTERM or --hold elapses, then releases. Prints the fencing token.\n" +
 					"Fails at once, naming the holder, if someone else holds it (unless --wait).",
 				Flags: lockFlags(
-					&cli.DurationFlag{Name: "hold", Usage: "release after this long (default: until interrupted)"},
-					&cli.BoolFlag{Name: "wait", Usage: "wait for a held lock instead of failing"},
-					&cli.StringFlag{Name: "pid-file", Usage: "write this process's pid to `FILE` once the lock is held (for lock release)"},
+					&cli.DurationFlag{Name: "hold", Usage: "release after this long (default: until interrupted)", EnvVars: []string{"RINIT_HOLD"}},
+					&cli.BoolFlag{Name: "wait", Usage: "wait for a held lock instead of failing", EnvVars: []string{"RINIT_WAIT"}},
+					&cli.StringFlag{Name: "pid-file", Usage: "write this process's pid to `FILE` once the lock is held (for lock release)",
+						EnvVars: []string{"RINIT_PID_FILE"}},
 				),
 				Before: clix.LoadConfig,
 				Action: lockAcquire,
@@ -97,7 +99,8 @@ func lockCommand() *cli.Command {
 					"target that the lock (--lock N) or this initiator's reservation is gone. A lock held by another\n" +
 					"initiator is not broken: the command names the holder and fails.",
 				Flags: lockFlags(
-					&cli.StringFlag{Name: "pid-file", Usage: "pid file written by `rinit lock acquire --pid-file` (required)"},
+					&cli.StringFlag{Name: "pid-file", Usage: "pid file written by `rinit lock acquire --pid-file` (required)",
+						EnvVars: []string{"RINIT_PID_FILE"}},
 				),
 				Before: clix.LoadConfig,
 				Action: lockRelease,

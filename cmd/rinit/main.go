@@ -17,20 +17,24 @@ import (
 )
 
 func main() {
-	if err := app().Run(os.Args); err != nil {
+	if err := newApp().Run(os.Args); err != nil {
 		clix.Exit("rinit", err)
 	}
 }
 
-func app() *cli.App {
-	return &cli.App{
+// newApp builds the command line: every command, its flags and their
+// environment variables (the tests walk it).
+func newApp() *cli.App {
+	return clix.Setup(&cli.App{
 		Name:  "rinit",
 		Usage: "use an rtarget volume: export it over NBD, inspect it, lock it",
 		Description: "rinit logs in to a volume of an rtarget and moves its data with RDMA Read and Write.\n\n" +
-			"Every flag can also be set with an environment variable (RINIT_<FLAG>) or a config file (--config).",
+			"Every flag can also be set with an environment variable (RINIT_<FLAG>; most flags of rping and\n" +
+			"perftest: RINIT_RPING_<NAME>, RINIT_PERFTEST_<NAME>; each command's --help shows every flag's variable)\n" +
+			"and, except for rping and perftest, a config file (--config).",
 		HideHelpCommand: true,
 		Commands:        []*cli.Command{nbdCommand(), attachCommand(), infoCommand(), lockCommand(), rpingCommand(), perftestCommand()},
-	}
+	})
 }
 
 // sessionFlags are the flags of every command that logs in to a volume.

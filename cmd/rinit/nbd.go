@@ -22,7 +22,8 @@ import (
 
 func nbdCommand() *cli.Command {
 	flags := append(sessionFlags(), clix.ProfileFlag("RINIT_"), clix.CPUsFlag("RINIT_"),
-		&cli.StringFlag{Name: "listen", Value: "127.0.0.1:10809", Usage: "NBD listen address HOST:PORT or unix:PATH",
+		&cli.StringFlag{Name: "listen", Value: "127.0.0.1:10809", Usage: "NBD listen address HOST:PORT or unix:PATH (a stale socket at PATH is replaced; " +
+			"a socket in use or anything else there is refused)",
 			EnvVars: []string{"RINIT_LISTEN"}},
 		&cli.StringFlag{Name: "export-name", Usage: "NBD export name (default: the volume name; clients asking for \"\" get it too)",
 			EnvVars: []string{"RINIT_EXPORT_NAME"}},
@@ -40,12 +41,59 @@ func nbdCommand() *cli.Command {
 	}
 }
 
+// listen listens on HOST:PORT or unix:PATH.
 func listen(addr string) (net.Listener, error) {
 	if p, ok := strings.CutPrefix(addr, "unix:"); ok {
-		os.Remove(p) // a stale socket from an earlier run
+		if p == "" {
+			return nil, fmt.Errorf("%q: empty socket path (want unix:PATH)", addr)
+		}
+		if err := removeStaleSocket(p); err != nil {
+			return nil, err
+		}
 		return net.Listen("unix", p)
 	}
 	return net.Listen("tcp", addr)
+}
+
+// removeStaleSocket removes the socket an earlier run left at path, so that
+// listening there works again. Anything else at path is kept and refused:
+// a file that is not a socket, and a socket some process still accepts
+// connections on.
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("unix socket %s: %w", path, err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("unix socket %s: a %s is there, not a socket: refusing to replace it", path, fileKind(fi.Mode()))
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("unix socket %s: in use (another process accepts connections on it)", path)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("unix socket %s: cannot tell whether it is stale: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("unix socket %s: remove the stale socket: %w", path, err)
+	}
+	return nil
+}
+
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m&os.ModeSymlink != 0:
+		return "symbolic link"
+	case m.IsRegular():
+		return "regular file"
+	}
+	return "file of type " + m.Type().String()
 }
 
 func export(c *cli.Context, cl *initiator.Client) nbd.Export {

@@ -26,11 +26,11 @@ func perftestCommand() *cli.Command {
 			"run e.g. `ib_write_bw -R -n 100 -s 4096 -p 18515 HOST` on the client. It exits 0 when the client ran\n" +
 			"its test to the end and closed the connection.",
 		Flags: append([]cli.Flag{
-			&cli.StringFlag{Name: "test", Value: "write", Usage: "the client's test: write, read or send"},
-			&cli.StringFlag{Name: "a", Usage: "`ADDR` to listen on (default all)"},
-			&cli.IntFlag{Name: "p", Value: perftest.DefaultPort, Usage: "`PORT`"},
-			&cli.IntFlag{Name: "s", Value: 65536, Usage: "largest message `SIZE` the client will use"},
-			&cli.DurationFlag{Name: "timeout", Value: 5 * time.Minute, Usage: "give up after this long"},
+			&cli.StringFlag{Name: "test", Value: "write", Usage: "the client's test: write, read or send", EnvVars: []string{"RINIT_PERFTEST_TEST"}},
+			&cli.StringFlag{Name: "a", Usage: "`ADDR` to listen on (default all)", EnvVars: []string{"RINIT_PERFTEST_ADDR"}},
+			&cli.IntFlag{Name: "p", Value: perftest.DefaultPort, Usage: "`PORT`", EnvVars: []string{"RINIT_PERFTEST_PORT"}},
+			&cli.IntFlag{Name: "s", Value: 65536, Usage: "largest message `SIZE` the client will use", EnvVars: []string{"RINIT_PERFTEST_SIZE"}},
+			&cli.DurationFlag{Name: "timeout", Value: 5 * time.Minute, Usage: "give up after this long", EnvVars: []string{"RINIT_PERFTEST_TIMEOUT"}},
 		}, clix.LogFlags("RINIT_")...),
 		Action: func(c *cli.Context) error {
 			log, err := clix.Logger(c, os.Stderr)

@@ -12,13 +12,15 @@ import (
 )
 
 func main() {
-	if err := app().Run(os.Args); err != nil {
+	if err := newApp().Run(os.Args); err != nil {
 		clix.Exit("rtarget", err)
 	}
 }
 
-func app() *cli.App {
-	return &cli.App{
+// newApp builds the command line: every command, its flags and their
+// environment variables (the tests walk it).
+func newApp() *cli.App {
+	return clix.Setup(&cli.App{
 		Name:  "rtarget",
 		Usage: "serve block volumes over a software iWARP RNIC",
 		Description: "rtarget keeps volumes in a store (the embedded badger database by default) and serves them to\n" +
@@ -26,7 +28,7 @@ func app() *cli.App {
 			"Every flag can also be set with an environment variable (RTARGET_<FLAG>) or a config file (--config).",
 		HideHelpCommand: true,
 		Commands:        []*cli.Command{serveCommand(), volumeCommand()},
-	}
+	})
 }
 
 func dataFlags() []cli.Flag {

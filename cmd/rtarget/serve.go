@@ -26,7 +26,7 @@ func serveCommand() *cli.Command {
 		clix.ConfigFlag("RTARGET_"),
 		&cli.StringFlag{Name: "listen", Value: "127.0.0.1:4420", Usage: "RNIC (TCP) listen address", EnvVars: []string{"RTARGET_LISTEN"}},
 		&cli.StringSliceFlag{Name: "volume", Usage: "serve volume `NAME:SIZE` (SIZE like 512M, 10G); created on first start, " +
-			"an existing volume is opened as it is (repeatable)", EnvVars: []string{"RTARGET_VOLUME"}},
+			"an existing volume is opened as it is (repeatable; adds to the config file's volume lines)", EnvVars: []string{"RTARGET_VOLUME"}},
 		&cli.StringFlag{Name: "secret-file", Usage: "file holding the pre-shared secret initiators authenticate with",
 			EnvVars: []string{"RTARGET_SECRET_FILE"}},
 		&cli.BoolFlag{Name: "insecure", Usage: "allow a non-loopback listener without a secret", EnvVars: []string{"RTARGET_INSECURE"}},
@@ -40,15 +40,25 @@ func serveCommand() *cli.Command {
 	flags = append(flags, dataFlags()...)
 	flags = append(flags, clix.LogFlags("RTARGET_")...)
 	flags = append(flags, clix.ProfileFlag("RTARGET_"), clix.CPUsFlag("RTARGET_"))
+	// The --volume values of the command line and RTARGET_VOLUME, before
+	// --config adds its lines: SIGHUP needs them apart from the file's.
+	var given []string
 	return &cli.Command{
 		Name:  "serve",
 		Usage: "serve volumes to initiators",
-		Description: "Opens the store, creates the --volume volumes that do not exist yet, and serves them.\n" +
-			"SIGTERM or SIGINT drain requests in flight and sync the store; SIGHUP re-reads --config and\n" +
-			"creates newly listed volumes (it never deletes one).",
-		Flags:  flags,
-		Before: clix.LoadConfig,
-		Action: runServe,
+		Description: "Opens the store, creates the listed volumes that do not exist yet, and serves every volume of the\n" +
+			"store. The list is the --volume flags (or RTARGET_VOLUME) plus the volume lines of --config, a name\n" +
+			"listed twice counting once (the first: the command line's, then the file's in order).\n" +
+			"SIGTERM or SIGINT drain requests in flight and sync the store; SIGHUP re-reads the volume lines of\n" +
+			"--config and creates the volumes newly listed. serve never resizes, recreates or deletes a volume.",
+		Flags: flags,
+		Before: func(c *cli.Context) error {
+			if c.IsSet("volume") {
+				given = append([]string(nil), c.StringSlice("volume")...)
+			}
+			return clix.LoadConfig(c)
+		},
+		Action: func(c *cli.Context) error { return runServe(c, given) },
 	}
 }
 
@@ -103,12 +113,13 @@ func openStore(c *cli.Context, log *slog.Logger) (store.Store, error) {
 	return nil, fmt.Errorf("--store %q: want badger or memory", c.String("store"))
 }
 
-// ensureVolumes creates the volumes that do not exist. An existing volume is
-// never recreated: a different size is reported and the volume kept.
-func ensureVolumes(ctx context.Context, st store.Store, specs []volumeSpec, log *slog.Logger) error {
+// ensureVolumes creates the volumes that do not exist and returns their
+// names. An existing volume is never recreated: a different size is
+// reported and the volume kept.
+func ensureVolumes(ctx context.Context, st store.Store, specs []volumeSpec, log *slog.Logger) (created []string, err error) {
 	have, err := st.ListVolumes(ctx)
 	if err != nil {
-		return fmt.Errorf("list volumes: %w", err)
+		return nil, fmt.Errorf("list volumes: %w", err)
 	}
 	sizes := map[string]int64{}
 	for _, v := range have {
@@ -123,39 +134,77 @@ func ensureVolumes(ctx context.Context, st store.Store, specs []volumeSpec, log 
 			continue
 		}
 		if _, err := st.CreateVolume(ctx, s.name, s.size, map[string]string{"created-by": "rtarget serve"}); err != nil {
-			return fmt.Errorf("create volume %s: %w", s.name, err)
+			return created, fmt.Errorf("create volume %s: %w", s.name, err)
 		}
 		sizes[s.name] = s.size
+		created = append(created, s.name)
 		log.Info("volume created", "volume", s.name, "size", clix.FormatSize(s.size))
 	}
-	return nil
+	return created, nil
 }
 
-// configVolumes reads the volume lines of the config file (for SIGHUP).
-func configVolumes(c *cli.Context) ([]string, error) {
-	vols := append([]string(nil), c.StringSlice("volume")...)
-	path := c.String("config")
-	if path == "" {
-		return vols, nil
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
-	}
-	defer f.Close()
-	kv, err := clix.ParseConfig(f)
-	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
-	}
-	for _, e := range kv {
-		if e.Key == "volume" {
-			vols = append(vols, e.Value)
+// listedVolumes is the list of volumes serve creates: the --volume values
+// given on the command line or in RTARGET_VOLUME, then the volume lines the
+// config file has now (read again on every call, so that SIGHUP sees the
+// current file). A name listed twice counts once: the first, so the command
+// line's size is the one checked against an existing volume.
+func listedVolumes(c *cli.Context, given []string, log *slog.Logger) ([]volumeSpec, error) {
+	vals := append([]string(nil), given...)
+	if path := c.String("config"); path != "" {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+		kv, err := clix.ParseConfig(f)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("config %s: %w", path, err)
+		}
+		for _, e := range kv {
+			if e.Key == "volume" {
+				vals = append(vals, e.Value)
+			}
 		}
 	}
-	return vols, nil
+	specs, err := parseVolumeSpecs(vals)
+	if err != nil {
+		return nil, err
+	}
+	out := specs[:0]
+	first := map[string]int64{}
+	for _, s := range specs {
+		if size, dup := first[s.name]; dup {
+			if size != s.size {
+				log.Warn("volume listed twice with different sizes: the first counts", "volume", s.name,
+					"size", clix.FormatSize(size), "ignored", clix.FormatSize(s.size))
+			}
+			continue
+		}
+		first[s.name] = s.size
+		out = append(out, s)
+	}
+	return out, nil
 }
 
-func runServe(c *cli.Context) error {
+// reloadVolumes is SIGHUP: it creates the volumes listed now that do not
+// exist yet.
+func reloadVolumes(ctx context.Context, c *cli.Context, st store.Store, given []string, log *slog.Logger) {
+	specs, err := listedVolumes(c, given, log)
+	if err != nil {
+		log.Error("reload: volumes unchanged", "err", err)
+		return
+	}
+	created, err := ensureVolumes(ctx, st, specs, log)
+	if err != nil {
+		log.Error("reload", "err", err, "created", strings.Join(created, ","))
+		return
+	}
+	log.Info("reloaded volumes", "listed", len(specs), "created", strings.Join(created, ","))
+}
+
+// runServe is rtarget serve; given are the --volume values of the command
+// line and RTARGET_VOLUME (without the config file's).
+func runServe(c *cli.Context, given []string) error {
 	log, err := clix.Logger(c, os.Stderr)
 	if err != nil {
 		return err
@@ -179,7 +228,7 @@ func runServe(c *cli.Context) error {
 		}
 		log.Warn("no --secret-file: initiators authenticate with the public default secret")
 	}
-	specs, err := parseVolumeSpecs(c.StringSlice("volume"))
+	specs, err := listedVolumes(c, given, log)
 	if err != nil {
 		return err
 	}
@@ -194,7 +243,7 @@ func runServe(c *cli.Context) error {
 			log.Error("closing the store", "err", err)
 		}
 	}()
-	if err := ensureVolumes(ctx, st, specs, log); err != nil {
+	if _, err := ensureVolumes(ctx, st, specs, log); err != nil {
 		return err
 	}
 	dev, err := rnic.Open(rnic.Config{Name: "rtarget", Logger: log})
@@ -240,18 +289,7 @@ func runServe(c *cli.Context) error {
 			return fmt.Errorf("serve: %w", err)
 		case sig := <-sigs:
 			if sig == syscall.SIGHUP {
-				vs, err := configVolumes(c)
-				if err == nil {
-					var specs []volumeSpec
-					if specs, err = parseVolumeSpecs(vs); err == nil {
-						err = ensureVolumes(ctx, st, specs, log)
-					}
-				}
-				if err != nil {
-					log.Error("reload", "err", err)
-				} else {
-					log.Info("reloaded volumes")
-				}
+				reloadVolumes(ctx, c, st, given, log)
 				continue
 			}
 			log.Info("draining", "signal", sig.String(), "timeout", c.Duration("drain-timeout"))

@@ -33,9 +33,8 @@ func volumeCommand() *cli.Command {
 			sub("list", "list volumes", "", volumeList),
 			sub("delete", "delete a volume and all its data", "NAME", volumeDelete),
 			sub("import", "copy a raw image into a volume (creates it with the image's size if missing)", "NAME FILE", volumeImport,
-				&cli.BoolFlag{Name: "progress", Usage: "show progress (default: when stderr is a terminal)"}),
-			sub("export", "copy a volume out to a raw image file", "NAME FILE", volumeExport,
-				&cli.BoolFlag{Name: "progress", Usage: "show progress (default: when stderr is a terminal)"}),
+				progressFlag()),
+			sub("export", "copy a volume out to a raw image file", "NAME FILE", volumeExport, progressFlag()),
 		},
 	}
 }
@@ -99,6 +98,12 @@ func volumeDelete(c *cli.Context) error {
 		fmt.Fprintf(c.App.Writer, "deleted %s\n", a[0])
 		return nil
 	})
+}
+
+// progressFlag is --progress of import and export.
+func progressFlag() cli.Flag {
+	return &cli.BoolFlag{Name: "progress", Usage: "show a progress bar (default: when stderr is a terminal; --progress=false: never)",
+		EnvVars: []string{"RTARGET_PROGRESS"}}
 }
 
 // chunk is the unit of import and export: 256 blocks.

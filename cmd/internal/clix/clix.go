@@ -214,14 +214,141 @@ func IsLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// Exit prints err as one line, prefixed by the program name, and exits 1.
+// Exit statuses: ExitError for a failure, ExitUsage for a mistake on the
+// command line (the status Go's flag package and most Unix tools use).
+const (
+	ExitError = 1
+	ExitUsage = 2
+)
+
+// Exit prints err as one line and exits: a UsageError as it is (it names
+// the command) with ExitUsage, anything else prefixed by the program name
+// with ExitError.
 func Exit(prog string, err error) {
 	var ee cli.ExitCoder
 	if errors.As(err, &ee) && ee.ExitCode() == 0 {
 		return
 	}
+	var ue *UsageError
+	if errors.As(err, &ue) {
+		fmt.Fprintln(os.Stderr, ue.Error())
+		os.Exit(ExitUsage)
+	}
 	fmt.Fprintf(os.Stderr, "%s: %v\n", prog, err)
-	os.Exit(1)
+	os.Exit(ExitError)
+}
+
+// UsageError is a mistake on the command line: an unknown flag or command,
+// a flag without its value, a value (or environment variable) that does not
+// parse. Its message is one line naming the command and where its help is.
+type UsageError struct {
+	Command string // e.g. "rtarget serve"
+	Err     error
+}
+
+func (e *UsageError) Error() string {
+	return fmt.Sprintf("%s: %v (see %s --help)", e.Command, e.Err, e.Command)
+}
+
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// commandName is the full name of the command c runs, e.g. "rtarget volume
+// import" (cli.Command.FullName gives only the last word).
+func commandName(c *cli.Context) string {
+	if c.Command != nil && c.Command.HelpName != "" {
+		return c.Command.HelpName
+	}
+	return c.App.HelpName
+}
+
+// onUsageError replaces urfave/cli's "Incorrect Usage" message followed by
+// the whole help with a one-line UsageError.
+func onUsageError(c *cli.Context, err error, _ bool) error {
+	return &UsageError{Command: commandName(c), Err: err}
+}
+
+// groupAction is the action of the app and of the commands that only hold
+// subcommands: without arguments it shows the help, as urfave/cli does; an
+// argument that names no subcommand is a UsageError (urfave/cli would say
+// "No help topic for ..." and exit 3).
+func groupAction(root bool) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		if c.Args().Present() {
+			return &UsageError{Command: commandName(c), Err: fmt.Errorf("unknown command %q", c.Args().First())}
+		}
+		if root {
+			return cli.ShowAppHelp(c)
+		}
+		return cli.ShowSubcommandHelp(c)
+	}
+}
+
+// Setup makes every command of app report usage errors as one-line
+// UsageErrors (see Exit) instead of printing its help, and returns app.
+func Setup(app *cli.App) *cli.App {
+	app.OnUsageError = onUsageError
+	if app.Action == nil {
+		app.Action = groupAction(true)
+	}
+	var walk func([]*cli.Command)
+	walk = func(cmds []*cli.Command) {
+		for _, cmd := range cmds {
+			cmd.OnUsageError = onUsageError
+			if len(cmd.Subcommands) > 0 && cmd.Action == nil {
+				cmd.Action = groupAction(false)
+			}
+			walk(cmd.Subcommands)
+		}
+	}
+	walk(app.Commands)
+	return app
+}
+
+// CheckEnvVars lists the flags of app and of all its commands that break
+// the rule "every flag can also be set by an environment variable starting
+// with envPrefix": flags without a variable, variables without the prefix,
+// and a variable used by two flags of one command (help and version are
+// urfave/cli's own and exempt). Tests call it on each program's app.
+func CheckEnvVars(app *cli.App, envPrefix string) []string {
+	var bad []string
+	check := func(path string, flags []cli.Flag) {
+		seen := map[string]string{}
+		for _, f := range flags {
+			name := f.Names()[0]
+			if name == "help" || name == "version" {
+				continue
+			}
+			flag := path + " --" + name
+			if len(name) == 1 {
+				flag = path + " -" + name
+			}
+			df, ok := f.(cli.DocGenerationFlag)
+			if !ok || len(df.GetEnvVars()) == 0 {
+				bad = append(bad, flag+": no environment variable")
+				continue
+			}
+			for _, e := range df.GetEnvVars() {
+				if !strings.HasPrefix(e, envPrefix) {
+					bad = append(bad, flag+": variable "+e+" lacks the prefix "+envPrefix)
+				}
+				if other, dup := seen[e]; dup {
+					bad = append(bad, flag+": variable "+e+" also sets "+other)
+				}
+				seen[e] = name
+			}
+		}
+	}
+	check(app.Name, app.Flags)
+	var walk func(string, []*cli.Command)
+	walk = func(path string, cmds []*cli.Command) {
+		for _, cmd := range cmds {
+			p := path + " " + cmd.Name
+			check(p, cmd.Flags)
+			walk(p, cmd.Subcommands)
+		}
+	}
+	walk(app.Name, app.Commands)
+	return bad
 }
 
 // CPUsFlag is --cpus: how many CPUs may run the program's Go code at once

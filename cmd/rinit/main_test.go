@@ -1,0 +1,80 @@
+package main
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rnic-dev/rnic/cmd/internal/clix"
+)
+
+// TestFlagsHaveEnvVars: every flag of every rinit command can also be set by
+// a RINIT_* environment variable.
+func TestFlagsHaveEnvVars(t *testing.T) {
+	for _, bad := range clix.CheckEnvVars(newApp(), "RINIT_") {
+		t.Error(bad)
+	}
+}
+
+// TestListenUnix: --listen unix:PATH replaces only a stale socket; it
+// refuses an empty path, a file that is not a socket and a socket in use.
+func TestListenUnix(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := listen("unix:"); err == nil || !strings.Contains(err.Error(), "empty socket path") {
+		t.Errorf("unix: with no path: %v", err)
+	}
+
+	regular := filepath.Join(dir, "data")
+	if err := os.WriteFile(regular, []byte("keep me"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if ln, err := listen("unix:" + regular); err == nil || !strings.Contains(err.Error(), "regular file") {
+		if ln != nil {
+			ln.Close()
+		}
+		t.Errorf("regular file: %v", err)
+	}
+	if b, err := os.ReadFile(regular); err != nil || string(b) != "keep me" {
+		t.Errorf("the regular file was touched: %q, %v", b, err)
+	}
+	if _, err := listen("unix:" + dir); err == nil || !strings.Contains(err.Error(), "directory") {
+		t.Errorf("directory: %v", err)
+	}
+
+	// A socket left behind by a process that died.
+	sock := filepath.Join(dir, "nbd.sock")
+	old, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.(*net.UnixListener).SetUnlinkOnClose(false)
+	old.Close()
+	if _, err := os.Lstat(sock); err != nil {
+		t.Fatalf("no stale socket to test with: %v", err)
+	}
+	ln, err := listen("unix:" + sock)
+	if err != nil {
+		t.Fatalf("stale socket not replaced: %v", err)
+	}
+	defer ln.Close()
+
+	// A socket in use stays.
+	if ln2, err := listen("unix:" + sock); err == nil || !strings.Contains(err.Error(), "in use") {
+		if ln2 != nil {
+			ln2.Close()
+		}
+		t.Errorf("socket in use: %v", err)
+	}
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatalf("the listener in use lost its socket: %v", err)
+	}
+	c.Close()
+}

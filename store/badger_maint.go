@@ -38,7 +38,9 @@ func (b *badgerBackend) maintain(ctx context.Context) {
 func (b *badgerBackend) runGC(ctx context.Context) int {
 	n := 0
 	for ctx.Err() == nil {
+		b.mapMu.Lock() // GC deletes value log files: not while they are being paged out
 		err := b.db.RunValueLogGC(b.opts.GCDiscardRatio)
+		b.mapMu.Unlock()
 		switch {
 		case err == nil:
 			n++

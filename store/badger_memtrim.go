@@ -8,7 +8,7 @@ import (
 // trimCheckBytes is how much block I/O passes between two checks of the
 // mapped-file budget; trimCheckInterval bounds the time between checks.
 const (
-	trimCheckBytes    = 4 << 20
+	trimCheckBytes    = 256 << 10
 	trimCheckInterval = time.Second
 )
 
@@ -49,7 +49,10 @@ func (b *badgerBackend) trimMapped(ctx context.Context) {
 		if err != nil || rss <= b.opts.MappedBudget {
 			continue
 		}
-		if _, err := pageOutValueLogs(b.dir); err != nil {
+		b.mapMu.Lock()
+		_, err = pageOutValueLogs(b.dir)
+		b.mapMu.Unlock()
+		if err != nil {
 			b.log.Warn("paging out value log mappings", "err", err)
 		}
 	}

@@ -35,9 +35,9 @@ type BadgerOptions struct {
 	// MappedBudget bounds the file-backed part of the process's RSS: badger
 	// maps its value log files, and every page written or read stays mapped
 	// until the kernel needs memory. Whenever the process's RssFile exceeds
-	// MappedBudget, the store asks the kernel to take the value log pages
-	// back (madvise MADV_PAGEOUT; Linux only). 0 means 128 MiB; negative
-	// disables it.
+	// MappedBudget, the store takes the value log pages out of the process
+	// (madvise; Linux only; see the package documentation). 0 means 96 MiB;
+	// negative disables it.
 	MappedBudget int64
 
 	// GCInterval is how often value log GC runs; 0 means one minute, a
@@ -55,7 +55,7 @@ const (
 	defaultBlockCacheSize   = 8 << 20
 	defaultIndexCacheSize   = 16 << 20
 	defaultValueLogFileSize = 128 << 20
-	defaultMappedBudget     = 128 << 20
+	defaultMappedBudget     = 96 << 20
 	defaultGCInterval       = time.Minute
 	defaultGCDiscardRatio   = 0.5
 

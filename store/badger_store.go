@@ -48,6 +48,9 @@ type badgerBackend struct {
 
 	ioBytes  atomic.Int64  // block bytes read and written
 	trimKick chan struct{} // wakes trimMapped
+	// mapMu is held while the value log mappings are paged out and while
+	// value log GC runs (pageOutValueLogs).
+	mapMu    sync.Mutex
 	trimDone chan struct{} // closed when trimMapped returns
 }
 

@@ -82,12 +82,18 @@
 // every block value lives in the value log and the LSM tree holds only
 // keys and value pointers. badger reads and writes its value log through
 // mmap, and every page touched stays mapped, and counted in the RSS, until
-// the kernel needs memory; so when the process's file-backed RSS exceeds
-// BadgerOptions.MappedBudget (128 MiB) the store asks the kernel to take
-// the value log pages back (madvise MADV_PAGEOUT, which never changes
-// contents). That evicts them from the page cache too: random reads of a
-// working set larger than the budget then come from disk. MappedBudget -1
-// turns this off.
+// the kernel needs memory (a read fault maps up to 16 neighbouring cached
+// pages too). So, checked every 256 KiB of block I/O, when the process's
+// file-backed RSS exceeds BadgerOptions.MappedBudget (96 MiB) the store
+// takes the value log pages out of the process (pageOutValueLogs): the
+// finished value log files with MADV_DONTNEED, which leaves their pages in
+// the page cache (a later read costs a minor fault, not a disk read); the
+// file badger appends to, which it may remap at any moment, with
+// MADV_PAGEOUT, which is safe whatever the range holds then but evicts the
+// pages. Value log GC, the only deleter of finished files, never runs at
+// the same time. The cost is the faults: on random 4 KiB reads of a 256 MiB
+// working set, about twice the CPU per read of MappedBudget -1, which
+// turns this off (rtarget serve --mapped-budget off).
 //
 // Value log GC runs every GCInterval (one minute) in a goroutine owned by
 // the store, so space of overwritten and trimmed blocks is reclaimed;

@@ -14,7 +14,7 @@ import (
 // madvPageout is MADV_PAGEOUT (Linux 5.4+): reclaim the pages of a range.
 // Unlike MADV_DONTNEED it never changes memory contents, whatever the range
 // holds by the time the call runs, so racing with badger's own mmap and
-// munmap calls is harmless.
+// munmap calls is harmless. But reclaimed pages leave the page cache too.
 const madvPageout = 21
 
 // mappedFileRSS returns the file-backed resident memory of the process in
@@ -37,19 +37,35 @@ func mappedFileRSS() (int64, error) {
 	return 0, fmt.Errorf("no RssFile in /proc/self/status")
 }
 
-// pageOutValueLogs asks the kernel to unmap, from this process, the pages
-// of the value log files in dir (an absolute path without symlinks) that
-// badger has mapped: written or read pages stay mapped, and counted in the
-// RSS, until the kernel needs the memory. Dirty pages are written back as
-// usual; the files are not affected. It returns how many mappings it
-// advised.
+// pageOutValueLogs takes the pages of the value log files in dir (an
+// absolute path without symlinks) that badger has mapped out of this
+// process's RSS: written or read pages stay mapped, and counted in the RSS,
+// until the kernel needs the memory. It returns how many mappings it
+// advised. The caller must hold badgerBackend.mapMu, which keeps value log
+// GC (the only deleter of value log files while the store is open) from
+// running meanwhile.
+//
+// Every file but the newest is finished: badger neither writes nor remaps
+// it again, and deletes it only in GC. Its pages are dropped from this
+// process with MADV_DONTNEED, which on a shared file mapping leaves them
+// in the page cache (dirty ones are written back as usual): a later read
+// is a minor fault, not a disk read. The newest file is the one badger
+// appends to, and grows and remaps (mremap) while it does, so its range may
+// hold something else by the time the call runs; MADV_DONTNEED there could
+// zero an anonymous mapping that took its place. It gets MADV_PAGEOUT,
+// which is harmless on any memory but evicts the pages from the page cache.
 func pageOutValueLogs(dir string) (int, error) {
 	f, err := os.Open("/proc/self/maps")
 	if err != nil {
 		return 0, err
 	}
-	defer f.Close()
-	n := 0
+	type mapping struct {
+		start, end uint64
+		fid        uint64
+		path       string
+	}
+	var maps []mapping
+	newest := uint64(0)
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		// start-end perms offset dev inode   path (which may hold spaces)
@@ -62,6 +78,10 @@ func pageOutValueLogs(dir string) (int, error) {
 		if !strings.HasSuffix(path, ".vlog") || filepath.Dir(path) != dir {
 			continue
 		}
+		fid, err := strconv.ParseUint(strings.TrimSuffix(filepath.Base(path), ".vlog"), 10, 64)
+		if err != nil {
+			continue
+		}
 		addrs, _, _ := strings.Cut(line, " ")
 		lo, hi, ok := strings.Cut(addrs, "-")
 		if !ok {
@@ -72,11 +92,25 @@ func pageOutValueLogs(dir string) (int, error) {
 		if err1 != nil || err2 != nil || end <= start {
 			continue
 		}
-		_, _, errno := syscall.Syscall(syscall.SYS_MADVISE, uintptr(start), uintptr(end-start), madvPageout)
+		maps = append(maps, mapping{start, end, fid, path})
+		newest = max(newest, fid)
+	}
+	err = sc.Err()
+	f.Close()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, m := range maps {
+		advice := uintptr(syscall.MADV_DONTNEED)
+		if m.fid == newest {
+			advice = madvPageout
+		}
+		_, _, errno := syscall.Syscall(syscall.SYS_MADVISE, uintptr(m.start), uintptr(m.end-m.start), advice)
 		if errno != 0 {
-			return n, fmt.Errorf("madvise %s: %w", path, errno)
+			return n, fmt.Errorf("madvise %s: %w", m.path, errno)
 		}
 		n++
 	}
-	return n, sc.Err()
+	return n, nil
 }

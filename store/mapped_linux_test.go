@@ -17,7 +17,10 @@ func TestPageOutValueLogs(t *testing.T) {
 	if err := v.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	n, err := pageOutValueLogs(badgerOf(s).dir)
+	b := badgerOf(s)
+	b.mapMu.Lock()
+	n, err := pageOutValueLogs(b.dir)
+	b.mapMu.Unlock()
 	if err != nil {
 		t.Fatal(err)
 	}

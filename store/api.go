@@ -57,6 +57,14 @@ type Store interface {
 	Close() error
 }
 
+// Syncer is implemented by the Stores of this package: Syncs counts the
+// syncs to stable storage done so far, each a db.Sync with the fsyncs that
+// complete it (see Durability in the package documentation); always 0 for
+// the memory store, which has nothing to sync.
+type Syncer interface {
+	Syncs() uint64
+}
+
 // Volume is an open handle on an array of BlockSize blocks. All methods are
 // safe for concurrent use by many goroutines.
 //

@@ -28,6 +28,15 @@ type volumeStore struct {
 	ops      sync.WaitGroup                  // store-level calls in flight
 }
 
+// Syncs implements Syncer: the syncs of a badger store; a memory store has
+// nothing to sync and reports 0.
+func (s *volumeStore) Syncs() uint64 {
+	if b, ok := s.be.(*badgerBackend); ok {
+		return uint64(b.syncs.Load())
+	}
+	return 0
+}
+
 func newVolumeStore(be backend) *volumeStore {
 	return &volumeStore{
 		be:       be,

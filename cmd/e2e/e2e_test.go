@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -175,6 +176,28 @@ func newStack(t *testing.T, data string, extra ...string) *stack {
 	return s
 }
 
+// metric returns the value of the rtarget metric line starting with name.
+func (s *stack) metric(t *testing.T, name string) int {
+	t.Helper()
+	resp, err := http.Get("http://" + s.metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for l := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), name+" "); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatalf("metric %s: %q", name, l)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no metric %s in:\n%s", name, b)
+	return 0
+}
+
 func run(t *testing.T, timeout time.Duration, name string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -309,6 +332,29 @@ func TestNBDClients(t *testing.T) {
 			j.Error, j.Read.IOPS, j.Read.IOBytes>>20, j.Write.IOPS, j.Write.IOBytes>>20)
 		if j.Error != 0 || j.Read.IOBytes == 0 || j.Write.IOBytes == 0 {
 			t.Fatalf("fio job: %+v", j)
+		}
+	})
+
+	// NBD FLUSH and FUA reach the badger store's sync: every NBD flush
+	// is a store sync (qemu-io flushes when it closes the export, even
+	// with cache=unsafe, which only stops it asking for more), and a FUA
+	// write is one more; a plain write is none.
+	t.Run("flush-fua-reach-sync", func(t *testing.T) {
+		step := func(what string, args ...string) (syncs, flushes int) {
+			s0, f0 := s.metric(t, "rtarget_store_syncs_total"), s.metric(t, `rtarget_ops_total{op="flush"}`)
+			run(t, time.Minute, "qemu-io", append([]string{"-f", "raw", s.uri()}, args...)...)
+			syncs, flushes = s.metric(t, "rtarget_store_syncs_total")-s0, s.metric(t, `rtarget_ops_total{op="flush"}`)-f0
+			t.Logf("%s: %d NBD flushes, %d store syncs", what, flushes, syncs)
+			return syncs, flushes
+		}
+		if sy, fl := step("plain write", "--cache=unsafe", "-c", "write -P 0x31 340M 64k"); sy != fl {
+			t.Errorf("plain write: %d store syncs for %d flushes", sy, fl)
+		}
+		if sy, fl := step("FUA write", "--cache=unsafe", "-c", "write -f -P 0x32 340M 64k"); sy != fl+1 {
+			t.Errorf("FUA write: %d store syncs for %d flushes, want one more", sy, fl)
+		}
+		if sy, fl := step("write+flush", "--cache=writeback", "-c", "write -P 0x33 340M 64k", "-c", "flush"); fl < 2 || sy != fl {
+			t.Errorf("explicit flush: %d store syncs for %d flushes (want >= 2 flushes, one sync each)", sy, fl)
 		}
 	})
 

@@ -29,6 +29,10 @@ func metricsHandler(t *target.Target, st store.Store, log *slog.Logger) http.Han
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		bw := bufio.NewWriter(w)
 		writeMetrics(bw, t.Metrics())
+		if sy, ok := st.(store.Syncer); ok {
+			fmt.Fprintf(bw, "# HELP rtarget_store_syncs_total Syncs of the store to stable storage (flush, FUA).\n"+
+				"# TYPE rtarget_store_syncs_total counter\nrtarget_store_syncs_total %d\n", sy.Syncs())
+		}
 		if err := bw.Flush(); err != nil {
 			log.Debug("metrics write", "err", err)
 		}

@@ -238,10 +238,24 @@ var termCases = []termCase{
 			u[0] = u[0]&^0x03 | 0x02
 			return sendULPDU(tt.t.(*testing.T), p, u)
 		}},
-	{name: "rdmap-version", recvs: 1, cause: remoteOp(term.OpInvalidVersion), ev: EventInvalidRDMAVersion,
+	// RV 00b is valid (RFC 5040 §4.1, "Both version numbers are valid"):
+	// the invalid versions are 10b and 11b, and 00b on RFC 7306 messages.
+	{name: "rdmap-version-10b", recvs: 1, cause: remoteOp(term.OpInvalidVersion), ev: EventInvalidRDMAVersion,
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			u := p.SendMsg(rdmap.OpSend, 0, []byte("x"))
-			u[1] &^= 0xC0
+			u[1] = u[1]&^0xC0 | 0x80
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "rdmap-version-11b", recvs: 1, cause: remoteOp(term.OpInvalidVersion), ev: EventInvalidRDMAVersion,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.SendMsg(rdmap.OpSend, 0, []byte("x"))
+			u[1] |= 0xC0
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "rdmap-version-00b-immediate", recvs: 1, cause: remoteOp(term.OpInvalidVersion), ev: EventInvalidRDMAVersion,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.SendMsg(rdmap.OpImmediate, 0, []byte{1, 2, 3, 4, 5, 6, 7, 8})
+			u[1] &^= 0xC0 // RFC 7306 §4.1: its messages MUST carry RV 01b
 			return sendULPDU(tt.t.(*testing.T), p, u)
 		}},
 	{name: "unknown-opcode", recvs: 1, cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedOpcode,
@@ -491,6 +505,36 @@ func TestZeroLengthWriteNotValidated(t *testing.T) {
 	wc := tt.waitOK(tt.rcq, WRRecv)
 	if wc.Bytes != 5 || string(tt.bufs["recv"][:5]) != "after" {
 		t.Fatalf("receive %+v %q", wc, tt.bufs["recv"][:5])
+	}
+	if st := tt.qp.State(); st != StateRTS {
+		t.Fatalf("state %s", st)
+	}
+}
+
+// TestRDMAPVersion00Accepted: RV 00b (the RDMA Consortium's RDMAP) is valid
+// on receive, RFC 5040 §4.1 "Both version numbers are valid": a Send, a
+// Write and a Read Request with RV 00b are served, and the Read Response
+// goes out with RV 01b.
+func TestRDMAPVersion00Accepted(t *testing.T) {
+	tt := newTermTarget(t, QPConfig{InboundRead: true, InboundWrite: true}, 1, 64)
+	p := tt.dial(t, rawpeer.Options{CRC: true})
+	rv0 := func(u []byte) []byte { u[1] &^= 0xC0; return u }
+	sendULPDU(t, p, rv0(tagged(p, rdmap.OpWrite, tt.w.STag(), 16, 8)))
+	sendULPDU(t, p, rv0(p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 0xAB01, SinkTO: 0x2000, Size: 4, SrcSTag: uint32(tt.ro.STag())})))
+	sendULPDU(t, p, rv0(p.SendMsg(rdmap.OpSend, 0, []byte("rv00b"))))
+	wc := tt.waitOK(tt.rcq, WRRecv)
+	if wc.Bytes != 5 || string(tt.bufs["recv"][:5]) != "rv00b" {
+		t.Fatalf("receive %+v %q", wc, tt.bufs["recv"][:5])
+	}
+	if !bytes.Equal(tt.bufs["w"][16:24], bytes.Repeat([]byte{0xEE}, 8)) {
+		t.Fatalf("Write with RV 00b not placed: %x", tt.bufs["w"][16:24])
+	}
+	u, err := p.ReadULPDU(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(u) != ddp.TaggedHeaderLen+4 || u[1] != rdmap.Ctrl(rdmap.OpReadResponse) || ddp.Tagged(u).STag() != 0xAB01 {
+		t.Fatalf("Read Response %x", u)
 	}
 	if st := tt.qp.State(); st != StateRTS {
 		t.Fatalf("state %s", st)

@@ -34,8 +34,9 @@ func FuzzRDMAP(f *testing.F) {
 			return
 		}
 		for b := 0; b < 256; b += 37 { // ParseCtrl over a spread of bytes
-			if op, err := ParseCtrl(byte(b) ^ ulpdu[0]); err == nil && Ctrl(op) != (byte(b)^ulpdu[0])&^maskRsv {
-				t.Fatalf("ParseCtrl(%02x) = %v", byte(b)^ulpdu[0], op)
+			x := byte(b) ^ ulpdu[0]
+			if op, err := ParseCtrl(x); err == nil && (byte(op) != x&maskOpcode || !ValidVersion(x>>6, op)) {
+				t.Fatalf("ParseCtrl(%02x) = %v", x, op)
 			}
 		}
 		d, err := decode(ulpdu)

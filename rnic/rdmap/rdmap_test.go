@@ -63,7 +63,10 @@ func TestOpcodes(t *testing.T) {
 	for b := 0; b < 256; b++ {
 		op, err := ParseCtrl(byte(b))
 		switch {
-		case b>>6 != 1:
+		case b>>6 >= 2, b>>6 == 0 && b&0x0F >= 0x8 && b&0x0F <= 0xB:
+			// RV 10b and 11b are never valid; RV 00b (RDMA Consortium) is
+			// valid (RFC 5040 §4.1) but not for the RFC 7306 opcodes,
+			// which MUST carry 01b (RFC 7306 §4.1).
 			wantCause(t, err, term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion)
 		case b&0x0F > 0xB:
 			wantCause(t, err, term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode)

@@ -42,9 +42,11 @@ func ddpHeaderLen(h []byte) int {
 }
 
 // echoesReadRequest reports whether an echoed DDP header is an untagged
-// RDMA Read Request, the only message whose RDMA header is echoed.
+// RDMA Read Request (RV 01b or 00b, RFC 5040 §4.1), the only message whose
+// RDMA header is echoed.
 func echoesReadRequest(h []byte) bool {
-	return len(h) >= ddp.UntaggedHeaderLen && !ddp.IsTagged(h[0]) && h[1]&^maskRsv == Ctrl(OpReadRequest)
+	return len(h) >= ddp.UntaggedHeaderLen && !ddp.IsTagged(h[0]) &&
+		Opcode(h[1]&maskOpcode) == OpReadRequest && ValidVersion(h[1]>>6, OpReadRequest)
 }
 
 // appendFixed appends exactly n bytes of p: truncated or zero-padded.

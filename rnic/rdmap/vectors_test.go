@@ -411,8 +411,11 @@ func TestTerminateCodes(t *testing.T) {
 		{"QN 3 without atomics is checked with atomics on", put32(send, 6, 4), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidQN, true},
 		{"tagged DV=0", mod(write, 0, 0xC0), term.LayerDDP, term.DDPTagged, term.TaggedInvalidVersion, false},
 		{"untagged DV=0", mod(send, 0, 0x40), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidVersion, false},
-		{"RV=0", mod(send, 1, 0x03), term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion, true},
+		// RV 00b is valid (RFC 5040 §4.1, "Both version numbers are
+		// valid"): the checklist's "RV=0 -> 0/2/0x05" row became RV 10b/11b.
 		{"RV=2", mod(send, 1, 0x83), term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion, true},
+		{"RV=3", mod(send, 1, 0xC3), term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion, true},
+		{"RV=0 on an RFC 7306 opcode", mod(untagged(OpImmediate, QNSend, 1, 0, make([]byte, ImmediateLen)).ulpdu(), 1, 0x08), term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion, true},
 		{"opcode 0xC", mod(send, 1, 0x4C), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
 		{"Send on QN 1", put32(send, 6, 1), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
 		{"tagged Send", mod(write, 1, 0x43), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
@@ -486,5 +489,42 @@ func TestTerminateCodes(t *testing.T) {
 	clear(buf)
 	if !bytes.Equal(f.DDPHeader, rr[:18]) || !bytes.Equal(f.RDMAHeader, rr[18:]) {
 		t.Fatal("TerminateFor aliases its input")
+	}
+}
+
+// TestRDMAPVersion00 checks that RV 00b (the RDMA Consortium's RDMAP) is
+// accepted on receive for the RFC 5040 messages: "Both version numbers are
+// valid" (RFC 5040 §4.1; the checklist's §4.1 [D] accepted 01b only, the
+// RFC wins). The RFC 7306 messages need 01b (RFC 7306 §4.1, TestTerminateCodes).
+func TestRDMAPVersion00(t *testing.T) {
+	rv0 := func(u []byte) []byte { c := bytes.Clone(u); c[1] &^= 0xC0; return c }
+	for _, u := range [][]byte{
+		untagged(OpSend, QNSend, 1, 0, []byte("hello")).ulpdu(),
+		untagged(OpSendSEInv, QNSend, 1, 0x11223344, []byte("abcd")).ulpdu(),
+		untagged(OpReadRequest, QNReadRequest, 1, 0, rrBytes(rr11)).ulpdu(),
+		taggedSeg(OpWrite, true, 0x12345678, 0x1000, write12).ulpdu(),
+		taggedSeg(OpReadResponse, true, 0xAB01, 0x2000, write12).ulpdu(),
+	} {
+		want, err := decode(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := decode(rv0(u))
+		if err != nil {
+			t.Fatalf("RV 00b %v refused: %v", want.op, err)
+		}
+		if got.op != want.op || !bytes.Equal(got.body, want.body) {
+			t.Fatalf("RV 00b %v decoded as %v", want.op, got.op)
+		}
+	}
+	// A Read Request with RV 00b still has its RDMA header echoed.
+	rr := rv0(untagged(OpReadRequest, QNReadRequest, 1, 0, rrBytes(rr11)).ulpdu())
+	f := TerminateFor(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteProtection, Code: term.ProtInvalidSTag}, rr, len(rr))
+	if !f.R || !bytes.Equal(f.RDMAHeader, rr[ddp.UntaggedHeaderLen:]) {
+		t.Fatalf("RV 00b Read Request: R=%v %x", f.R, f.RDMAHeader)
+	}
+	g, err := ParseTerminate(AppendTerminate(nil, &f))
+	if err != nil || !reflect.DeepEqual(g, f) {
+		t.Fatalf("round trip %+v %v", g, err)
 	}
 }

@@ -272,6 +272,50 @@ var termCases = []termCase{
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			return sendULPDU(tt.t.(*testing.T), p, p.Untagged(rdmap.OpWrite, true, 0, 0, 1, 0, []byte("x")))
 		}},
+	// Segments with two faults: RFC 5040 §7.2 validates (1) the DDP
+	// segment fields, (2) the RDMA opcode, (3) the RDMA version, in this
+	// order, and the first failing check is reported.
+	{name: "opcode-and-rdmap-version", recvs: 1, cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedOpcode,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.SendMsg(rdmap.OpSend, 0, []byte("x"))
+			u[1] = 0x8C // RV 10b, opcode 0xC
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "write-untagged-and-rdmap-version", recvs: 1, cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedOpcode,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.Untagged(rdmap.OpWrite, true, 0, 0, 1, 0, []byte("x"))
+			u[1] |= 0xC0 // RV 11b
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "msn-and-opcode", recvs: 1, cause: ddpUntagged(term.UntaggedMSNRange), ev: EventRQInvalidMSN,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.Untagged(rdmap.OpSend, true, 0, 0, 5, 0, []byte("x"))
+			u[1] = u[1]&0xF0 | 0x0C
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "msn-and-rdmap-version", recvs: 1, cause: ddpUntagged(term.UntaggedMSNRange), ev: EventRQInvalidMSN,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.Untagged(rdmap.OpSend, true, 0, 0, 5, 0, []byte("x"))
+			u[1] |= 0xC0
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "mo-and-opcode-on-wrong-queue", recvs: 1, cause: ddpUntagged(term.UntaggedInvalidMO), ev: EventRQInvalidMSN,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.Untagged(rdmap.OpAtomicResponse, true, 0, 0, 1, 4, []byte("x")))
+		}},
+	{name: "qn-and-opcode", recvs: 1, cause: ddpUntagged(term.UntaggedInvalidQN), ev: EventInvalidQN,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.Untagged(rdmap.OpSend, true, 0, 7, 1, 0, []byte("x"))
+			u[1] = 0x8C
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "read-request-msn-and-rdmap-version", cause: ddpUntagged(term.UntaggedMSNRange), ev: EventIRRQInvalidMSN,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 1, Size: 8, SrcSTag: 0xDEADBE01})
+			u[13] = 9 // MSN 9 on QN 1
+			u[1] |= 0xC0
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
 	{name: "read-unknown-source", cause: prot(term.ProtInvalidSTag), ev: EventIRRQInvalidSTag, echoRDMA: true,
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			return sendULPDU(tt.t.(*testing.T), p, p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 0xAB01, SinkTO: 0x2000, Size: 4096, SrcSTag: 0x12345678, SrcTO: 0x1000}))

@@ -43,6 +43,12 @@
 //	wrong Read Request, Atomic or
 //	Immediate length                 0/2/0xFF Unspecified (no RFC code)
 //
+// The order is RFC 5040 §7.2's: the DDP segment fields first (package ddp
+// and the QN check in CheckPlacement), then the opcode with its buffer model
+// and queue number, then the RDMA version (CheckCtrl), so a segment with a
+// bad opcode and a bad version reports Unexpected OpCode. (The checklist's
+// §7.3 [D] "practical order" checked the versions first.)
+//
 // Reserved fields are not checked on receive, because the RFCs say so: the
 // RDMAP Rsv bits and the Invalidate STag of messages other than Send with
 // Invalidate (RFC 5040 §4.1), the 13 reserved Terminate bits (§4.8), the 28

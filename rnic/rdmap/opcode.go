@@ -118,20 +118,47 @@ func ValidVersion(rv uint8, op Opcode) bool {
 	return false
 }
 
-// ParseCtrl decodes an RDMAP control byte. An RV that ValidVersion refuses
-// (10b, 11b, or 00b on an RFC 7306 opcode) is RDMA / Remote Operation /
-// Invalid RDMAP Version (0/2/0x05); an unassigned opcode (0xC..0xF) is
-// Unexpected OpCode (0/2/0x06). The Rsv bits are ignored, as RFC 5040 §4.1
-// requires. The checklist (§4.1 [D]) accepted 01b only; the RFC wins.
+// ParseCtrl decodes an RDMAP control byte, checking in the order of RFC
+// 5040 §7.2 ("2. The RDMA OpCode MUST be valid. 3. The RDMA Version MUST
+// be valid."): an unassigned opcode (0xC..0xF) is Unexpected OpCode
+// (0/2/0x06), then an RV that ValidVersion refuses (10b, 11b, or 00b on an
+// RFC 7306 opcode) is RDMA / Remote Operation / Invalid RDMAP Version
+// (0/2/0x05). The Rsv bits are ignored, as RFC 5040 §4.1 requires. The
+// checklist (§4.1 [D]) accepted 01b only and checked the version first; the
+// RFC wins. CheckCtrl adds the opcode's placement checks.
 func ParseCtrl(b byte) (Opcode, error) {
 	op := Opcode(b & maskOpcode)
-	if rv := (b & maskRV) >> 6; !ValidVersion(rv, op) {
-		return 0, term.Errorf(term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion,
-			"RDMAP version %d in control byte 0x%02X, valid: 1, and 0 for RFC 5040 opcodes", rv, b)
-	}
 	if !op.Valid() {
 		return 0, term.Errorf(term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode,
 			"unassigned RDMAP opcode 0x%X", uint8(op))
+	}
+	if err := checkVersion(b, op); err != nil {
+		return 0, err
+	}
+	return op, nil
+}
+
+func checkVersion(b byte, op Opcode) error {
+	if rv := (b & maskRV) >> 6; !ValidVersion(rv, op) {
+		return term.Errorf(term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion,
+			"RDMAP version %d in control byte 0x%02X, valid: 1, and 0 for RFC 5040 opcodes", rv, b)
+	}
+	return nil
+}
+
+// CheckCtrl runs steps 2 and 3 of RFC 5040 §7.2 (RFC 7306 §8.2) on the
+// RDMAP control byte b of a segment whose DDP fields (step 1) passed: the
+// opcode must be valid, which includes its buffer model and queue number
+// (CheckPlacement: a tagged Send, an untagged Write, a Send on QN 1 are
+// Unexpected OpCode 0/2/0x06), and only then the RDMA Version (0/2/0x05).
+// A segment with both a bad opcode and a bad version reports the opcode.
+func CheckCtrl(b byte, tagged bool, qn uint32, atomics bool) (Opcode, error) {
+	op := Opcode(b & maskOpcode)
+	if err := CheckPlacement(op, tagged, qn, atomics); err != nil {
+		return 0, err
+	}
+	if err := checkVersion(b, op); err != nil {
+		return 0, err
 	}
 	return op, nil
 }

@@ -171,7 +171,8 @@ type decoded struct {
 	body   []byte
 }
 
-// decode runs the receive-side decoders in the engine's order.
+// decode runs the receive-side decoders in the engine's order (RFC 5040
+// §7.2: DDP fields, then the opcode, then the RDMA version).
 func decode(ulpdu []byte) (decoded, error) {
 	var d decoded
 	var hl int
@@ -189,11 +190,8 @@ func decode(ulpdu []byte) (decoded, error) {
 		}
 		d.u, hl, qn = h.Fields(), ddp.UntaggedHeaderLen, h.QN()
 	}
-	op, err := ParseCtrl(ulpdu[1])
+	op, err := CheckCtrl(ulpdu[1], d.tagged, qn, true)
 	if err != nil {
-		return d, err
-	}
-	if err := CheckPlacement(op, d.tagged, qn, true); err != nil {
 		return d, err
 	}
 	d.op, d.body = op, ulpdu[hl:]
@@ -417,6 +415,13 @@ func TestTerminateCodes(t *testing.T) {
 		{"RV=3", mod(send, 1, 0xC3), term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion, true},
 		{"RV=0 on an RFC 7306 opcode", mod(untagged(OpImmediate, QNSend, 1, 0, make([]byte, ImmediateLen)).ulpdu(), 1, 0x08), term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion, true},
 		{"opcode 0xC", mod(send, 1, 0x4C), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
+		// Two faults: RFC 5040 §7.2 validates the opcode (2) before the
+		// version (3), and the DDP fields (1) before both.
+		{"opcode 0xC and RV=2", mod(send, 1, 0x8C), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
+		{"untagged Write and RV=3", mod(send, 1, 0xC0), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
+		{"Send on QN 1 and RV=2", mod(put32(send, 6, 1), 1, 0x83), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
+		{"QN 7 and opcode 0xC", mod(put32(send, 6, 7), 1, 0x4C), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidQN, true},
+		{"untagged DV=0 and opcode 0xC", mod(mod(send, 0, 0x40), 1, 0x8C), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidVersion, false},
 		{"Send on QN 1", put32(send, 6, 1), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
 		{"tagged Send", mod(write, 1, 0x43), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
 		{"untagged Write", mod(send, 1, 0x40), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},

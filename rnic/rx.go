@@ -214,22 +214,30 @@ func (r *rxState) segment(n int) error {
 	b0 := r.hdr[0]
 	tagged := ddp.IsTagged(b0)
 	if !tagged {
-		if n < ddp.UntaggedHeaderLen {
-			return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPLocalCatastrophic}, EventLLPSegmentSize, 0, n,
-				"untagged segment of %d bytes", n)
-		}
-		if err := rd.ReadFull(r.hdr[ddp.TaggedHeaderLen:ddp.UntaggedHeaderLen]); err != nil {
+		r.hl = min(n, ddp.UntaggedHeaderLen)
+		if err := rd.ReadFull(r.hdr[ddp.TaggedHeaderLen:r.hl]); err != nil {
 			return err
 		}
-		r.hl = ddp.UntaggedHeaderLen
 	}
-	// 1. DDP segment fields.
+	// 1. DDP segment fields. Every DDP error echoes the offending segment's
+	// DDP header (RFC 5040 Figure 10: "DDP ... Yes"), the Invalid DDP
+	// Version ones included. An untagged segment of 14..17 bytes (the MPA
+	// reader refuses fewer than 14) cannot hold its header: ParseUntagged
+	// reports it as DDP / Untagged Buffer / Invalid DDP Version (1/2/0x06),
+	// the code for an untagged header that cannot be read as RFC 5041's
+	// (checklist §3.5 has no "segment too short" code; Local Catastrophic,
+	// 1/0, is for local failures, which this is not), and the Terminate
+	// echoes the bytes there are, zero-padded to 18.
 	if tagged {
 		if _, err := ddp.ParseTagged(r.hdr[:r.hl]); err != nil {
-			return r.decodeErr(err, EventInvalidDDPVersion, 0, n)
+			return r.decodeErr(err, EventInvalidDDPVersion, r.hl, n)
 		}
 	} else if _, err := ddp.ParseUntagged(r.hdr[:r.hl]); err != nil {
-		return r.decodeErr(err, EventInvalidDDPVersion, 0, n)
+		ev := EventInvalidDDPVersion
+		if r.hl < ddp.UntaggedHeaderLen {
+			ev = EventLLPSegmentSize
+		}
+		return r.decodeErr(err, ev, r.hl, n)
 	}
 	payload := n - r.hl
 	var qn uint32

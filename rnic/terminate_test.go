@@ -226,17 +226,36 @@ var termCases = []termCase{
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			return sendULPDU(tt.t.(*testing.T), p, p.Untagged(rdmap.OpSend, true, 0, 0, 1, 4, []byte("x")))
 		}},
-	{name: "ddp-version-tagged", cause: ddpTagged(term.TaggedInvalidVersion), ev: EventInvalidDDPVersion, noEcho: true,
+	// DDP errors echo the DDP header, Invalid DDP Version included (RFC 5040
+	// Figure 10: "DDP ... Yes"; the checklist's vector 21 said no echo).
+	{name: "ddp-version-tagged", cause: ddpTagged(term.TaggedInvalidVersion), ev: EventInvalidDDPVersion,
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			u := tagged(p, rdmap.OpWrite, tt.w.STag(), 0, 8)
 			u[0] &^= 0x03
 			return sendULPDU(tt.t.(*testing.T), p, u)
 		}},
-	{name: "ddp-version-untagged", recvs: 1, cause: ddpUntagged(term.UntaggedInvalidVersion), ev: EventInvalidDDPVersion, noEcho: true,
+	{name: "ddp-version-untagged", recvs: 1, cause: ddpUntagged(term.UntaggedInvalidVersion), ev: EventInvalidDDPVersion,
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			u := p.SendMsg(rdmap.OpSend, 0, []byte("x"))
 			u[0] = u[0]&^0x03 | 0x02
 			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "ddp-version-and-opcode", recvs: 1, cause: ddpUntagged(term.UntaggedInvalidVersion), ev: EventInvalidDDPVersion,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.Untagged(rdmap.OpSend, true, 0, 0, 9, 0, []byte("x")) // and a bad MSN
+			u[0] &^= 0x03
+			u[1] = 0x8C // and opcode 0xC, RV 10b
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	// An untagged segment too short for its 18-byte header: the decoder's
+	// 1/2/0x06, the 16 bytes there are echoed, zero-padded to 18.
+	{name: "untagged-too-short", recvs: 1, cause: ddpUntagged(term.UntaggedInvalidVersion), ev: EventLLPSegmentSize,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.SendMsg(rdmap.OpSend, 0, nil)[:16]
+			if err := p.SendRaw(mpa.AppendFPDU(nil, u, nil, p.CRC)); err != nil {
+				tt.t.Fatal(err)
+			}
+			return u
 		}},
 	// RV 00b is valid (RFC 5040 §4.1, "Both version numbers are valid"):
 	// the invalid versions are 10b and 11b, and 00b on RFC 7306 messages.
@@ -502,8 +521,10 @@ func checkEcho(t *testing.T, tc termCase, tm *rawpeer.Terminate, off []byte) {
 	if int(tm.SegLen) != len(off) {
 		t.Errorf("DDP segment length %d, want %d", tm.SegLen, len(off))
 	}
-	if !bytes.Equal(tm.DDPHeader, off[:hl]) {
-		t.Errorf("echoed DDP header\n got %x\nwant %x", tm.DDPHeader, off[:hl])
+	// A segment shorter than its header is echoed zero-padded.
+	want := append(bytes.Clone(off[:min(hl, len(off))]), make([]byte, max(0, hl-len(off)))...)
+	if !bytes.Equal(tm.DDPHeader, want) {
+		t.Errorf("echoed DDP header\n got %x\nwant %x", tm.DDPHeader, want)
 	}
 	if tc.echoRDMA {
 		if !tm.R || !bytes.Equal(tm.RDMAHeader, off[hl:hl+rdmap.ReadRequestLen]) {

@@ -65,10 +65,11 @@
 // forms, sizes the echoed DDP header by its own T bit and expects RDMA
 // header bytes only when R is set, the echoed message is a Read Request and
 // the bytes are there (siw sets R without them for Send with Invalidate).
-// TerminateFor applies Figure 10: no headers for LLP and Local Catastrophic
-// errors (and none for DDP Invalid Version, whose header cannot be trusted),
-// the DDP header for DDP and Remote Operation errors, and the Read Request
-// header too for Remote Protection errors on a Read Request. RFC 7306 §8.1
+// TerminateFor applies Figure 10: no headers for LLP and RDMA Local
+// Catastrophic errors, the DDP header for every DDP error (Invalid DDP
+// Version included, zero-padded if the segment cut it short) and for Remote
+// Operation errors, and the Read Request header too for Remote Protection
+// errors on a Read Request. RFC 7306 §8.1
 // echoes no RDMA header for atomics, so none is echoed for them.
 //
 // STags, bounds, access rights, alignment and outstanding-request matching

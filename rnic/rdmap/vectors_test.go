@@ -407,8 +407,8 @@ func TestTerminateCodes(t *testing.T) {
 	}{
 		{"QN 7", put32(send, 6, 7), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidQN, true},
 		{"QN 3 without atomics is checked with atomics on", put32(send, 6, 4), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidQN, true},
-		{"tagged DV=0", mod(write, 0, 0xC0), term.LayerDDP, term.DDPTagged, term.TaggedInvalidVersion, false},
-		{"untagged DV=0", mod(send, 0, 0x40), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidVersion, false},
+		{"tagged DV=0", mod(write, 0, 0xC0), term.LayerDDP, term.DDPTagged, term.TaggedInvalidVersion, true},
+		{"untagged DV=0", mod(send, 0, 0x40), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidVersion, true},
 		// RV 00b is valid (RFC 5040 §4.1, "Both version numbers are
 		// valid"): the checklist's "RV=0 -> 0/2/0x05" row became RV 10b/11b.
 		{"RV=2", mod(send, 1, 0x83), term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion, true},
@@ -421,7 +421,7 @@ func TestTerminateCodes(t *testing.T) {
 		{"untagged Write and RV=3", mod(send, 1, 0xC0), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
 		{"Send on QN 1 and RV=2", mod(put32(send, 6, 1), 1, 0x83), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
 		{"QN 7 and opcode 0xC", mod(put32(send, 6, 7), 1, 0x4C), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidQN, true},
-		{"untagged DV=0 and opcode 0xC", mod(mod(send, 0, 0x40), 1, 0x8C), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidVersion, false},
+		{"untagged DV=0 and opcode 0xC", mod(mod(send, 0, 0x40), 1, 0x8C), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidVersion, true},
 		{"Send on QN 1", put32(send, 6, 1), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
 		{"tagged Send", mod(write, 1, 0x43), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
 		{"untagged Write", mod(send, 1, 0x40), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
@@ -472,9 +472,13 @@ func TestTerminateCodes(t *testing.T) {
 		{"Read Response unexpected", term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnexpectedOpcode},
 			taggedSeg(OpReadResponse, true, 1, 0, nil).ulpdu(), true, false, 14},
 		{"local catastrophic", term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}, send, false, false, 0},
-		{"DDP local catastrophic", term.Cause{Layer: term.LayerDDP, EType: term.DDPLocalCatastrophic}, send, false, false, 0},
+		// RFC 5040 Figure 10: every DDP error echoes the DDP header ("Yes").
+		{"DDP local catastrophic", term.Cause{Layer: term.LayerDDP, EType: term.DDPLocalCatastrophic}, send, true, false, 18},
+		{"DDP version, tagged", term.Cause{Layer: term.LayerDDP, EType: term.DDPTagged, Code: term.TaggedInvalidVersion}, write, true, false, 14},
+		{"DDP version, untagged", term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedInvalidVersion}, send, true, false, 18},
 		{"MPA CRC", term.Cause{Layer: term.LayerLLP, EType: term.LLPMPA, Code: term.MPACRC}, send, false, false, 0},
-		{"header cut short", term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedTooLong}, send[:17], false, false, 0},
+		{"DDP header cut short (zero-padded)", term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedInvalidVersion}, send[:15], true, false, 18},
+		{"RDMAP header cut short", term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnexpectedOpcode}, send[:17], false, false, 0},
 	}
 	for _, e := range echo {
 		f := TerminateFor(e.cause, e.ulpdu, 70000)
@@ -486,6 +490,9 @@ func TestTerminateCodes(t *testing.T) {
 		}
 		if e.r && !bytes.Equal(f.RDMAHeader, rr[18:]) {
 			t.Errorf("%s: RDMA header", e.name)
+		}
+		if n := min(len(e.ulpdu), e.headerSize); f.D && (!bytes.Equal(f.DDPHeader[:n], e.ulpdu[:n]) || !bytes.Equal(f.DDPHeader[n:], make([]byte, e.headerSize-n))) {
+			t.Errorf("%s: echoed DDP header %x", e.name, f.DDPHeader)
 		}
 	}
 	// TerminateFor copies: later changes to the offending bytes do not leak in.

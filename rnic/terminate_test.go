@@ -405,9 +405,19 @@ var termCases = []termCase{
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			return sendULPDU(tt.t.(*testing.T), p, p.SendMsg(rdmap.OpImmediate, 0, []byte{1, 2, 3, 4}))
 		}},
-	{name: "send-inv-other-pd", recvs: 1, placesRecv: true, cause: prot(term.ProtSTagNotAssociated), ev: 0,
+	// An Invalidate STag not associated with the stream is "STag Cannot be
+	// Invalidated" 0/1/0x09 (RFC 5040 §5.3), not 0x03 "STag not associated".
+	{name: "send-inv-other-pd", recvs: 1, placesRecv: true, cause: prot(term.ProtCannotInvalidate), ev: 0,
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			return sendULPDU(tt.t.(*testing.T), p, p.SendMsg(rdmap.OpSendInv, uint32(tt.other.STag()), []byte("x")))
+		}},
+	{name: "send-inv-other-pd-window", recvs: 1, placesRecv: true, cause: prot(term.ProtCannotInvalidate), ev: 0,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			mw, err := tt.otherPD.AllocMW()
+			if err != nil {
+				tt.t.Fatal(err)
+			}
+			return sendULPDU(tt.t.(*testing.T), p, p.SendMsg(rdmap.OpSendInv, uint32(mw.STag()), []byte("x")))
 		}},
 	{name: "send-inv-unknown", recvs: 1, placesRecv: true, cause: prot(term.ProtInvalidSTag), ev: 0,
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
@@ -603,5 +613,75 @@ func TestRDMAPVersion00Accepted(t *testing.T) {
 	}
 	if st := tt.qp.State(); st != StateRTS {
 		t.Fatalf("state %s", st)
+	}
+}
+
+// TestSendInvWindowOfAnotherQP: a Send with Invalidate naming a window
+// bound to another QP (same PD) is refused with "STag Cannot be
+// Invalidated" 0/1/0x09, RFC 5040 §5.3 ("issue a Terminate Message with the
+// STag Cannot be Invalidated Terminate Error Code, if the STag is not
+// associated with the RDMAP Stream"), and the window stays bound.
+func TestSendInvWindowOfAnotherQP(t *testing.T) {
+	_, b := newPair(t, pairOpts{}, nil)
+	mr, err := b.pd.RegisterMR(Bytes(make([]byte, 4096)), MROptions{Access: LocalRead | LocalWrite | MWBind, VA: 0x10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := b.pd.AllocMW()
+	if err != nil {
+		t.Fatal(err)
+	}
+	win := mw.STag().WithKey(b.dev.RandomKey())
+	b.post(SendWR{ID: 1, Op: WRBindMW, Bind: &BindMW{MW: win, MR: mr.STag(), ZeroBased: true, VA: 0x10000, Len: 4096, Access: RemoteWrite}})
+	b.waitOK(b.scq, WRBindMW)
+
+	// A second QP of the same device and PD, driven by a raw peer.
+	qp2, err := b.pd.CreateQP(QPConfig{SendCQ: b.scq, RecvCQ: b.rcq, IRD: 4, ORD: 4, InboundWrite: true, InboundRead: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv, _ := b.reg(64, LocalWrite)
+	if _, err := qp2.PostRecv(RecvWR{ID: 7, SGL: []SGE{{STag: recv.STag(), Len: 64}}}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := b.dev.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	accepted := make(chan error, 1)
+	go func() {
+		req, err := l.Accept(ctx)
+		if err == nil {
+			_, err = req.Accept(ctx, qp2, AcceptParams{})
+		}
+		accepted <- err
+	}()
+	p, err := rawpeer.Dial(ctx, l.Addr().String(), rawpeer.Options{CRC: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := <-accepted; err != nil {
+		t.Fatal(err)
+	}
+	u := sendULPDU(t, p, p.SendMsg(rdmap.OpSendInv, uint32(win), []byte("x")))
+	tm, _, err := p.ReadTerminate(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := prot(term.ProtCannotInvalidate); tm.Cause != want {
+		t.Fatalf("Terminate cause %s, want %s (%x)", tm.Cause, want, tm.Raw)
+	}
+	if !tm.D || !bytes.Equal(tm.DDPHeader, u[:ddp.UntaggedHeaderLen]) {
+		t.Fatalf("echoed header %x", tm.Raw)
+	}
+	if info, _ := mw.Query(); !info.Valid || info.QPID != b.qp.ID() {
+		t.Fatalf("window after the refused remote invalidate: %+v", info)
+	}
+	if wc := b.wait(b.rcq); wc.ID != 7 || wc.Status != StatusInvalidateFailed {
+		t.Fatalf("receive completion %+v", wc)
 	}
 }

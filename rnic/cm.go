@@ -97,7 +97,8 @@ func splitExt(pd []byte) (int, []byte) {
 }
 
 // standardMULPDU computes RFC 5044's MULPDU from the connection's TCP MSS
-// (no markers): EMSS - (6 + EMSS mod 4).
+// (no markers, mpa.MULPDU: EMSS - (6 + EMSS mod 4)), within
+// minMULPDU..maxULPDU.
 func standardMULPDU(nc net.Conn) int {
 	emss := 1460
 	if sc, ok := nc.(syscall.Conn); ok {
@@ -109,8 +110,7 @@ func standardMULPDU(nc net.Conn) int {
 			})
 		}
 	}
-	m := emss - (6 + emss%4)
-	return min(max(m, minMULPDU), maxULPDU)
+	return min(max(mpa.MULPDU(emss, false), minMULPDU), maxULPDU)
 }
 
 func (d *Device) deadline(ctx context.Context) time.Time {

@@ -204,6 +204,18 @@ func (d *Device) invalidate(qp *QP, s STag, remote bool) invalidateFault {
 	prot := func(c term.Code, st Status) invalidateFault {
 		return invalidateFault{status: st, cause: term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteProtection, Code: c}}
 	}
+	// An STag not associated with the stream (another PD, a window bound to
+	// another QP). RFC 5040 §5.3: on a Send with Invalidate the RDMAP layer
+	// MUST "Invalidate the STag if it is associated with the RDMAP Stream;
+	// or issue a Terminate Message with the STag Cannot be Invalidated
+	// Terminate Error Code, if the STag is not associated with the RDMAP
+	// Stream": 0/1/0x09, not 0x03 "STag not associated with RDMAP Stream"
+	// (that one is for a Read Request's source STag, §7.2 4b). A local
+	// Invalidate completes with StatusInvalidPD.
+	notAssociated := prot(term.ProtSTagNotAssociated, StatusInvalidPD)
+	if remote {
+		notAssociated = prot(term.ProtCannotInvalidate, StatusInvalidPD)
+	}
 	e := d.stags.lookup(s)
 	if e == nil {
 		return prot(term.ProtInvalidSTag, StatusInvalidSTag)
@@ -219,17 +231,17 @@ func (d *Device) invalidate(qp *QP, s STag, remote bool) invalidateFault {
 			return prot(term.ProtCannotInvalidate, StatusInvalidSTag)
 		}
 		if e.pd != qp.pd {
-			return prot(term.ProtSTagNotAssociated, StatusInvalidPD)
+			return notAssociated
 		}
 		if e.mwCount > 0 {
 			return prot(term.ProtCannotInvalidate, StatusInvalidSTag)
 		}
 	case kindMW:
 		if e.valid && e.qp != qp {
-			return prot(term.ProtSTagNotAssociated, StatusInvalidPD)
+			return notAssociated
 		}
 		if !e.valid && e.pd != qp.pd {
-			return prot(term.ProtSTagNotAssociated, StatusInvalidPD)
+			return notAssociated
 		}
 	}
 	if remote {

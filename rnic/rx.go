@@ -12,7 +12,7 @@ import (
 
 // The receiver: one goroutine per stream owns the socket's read side. For
 // each FPDU it reads the DDP and RDMAP headers, runs the checks in the order
-// of RFC 5040 §7.2 and draft C14, and places the payload straight from the
+// of RFC 5040 §7.2 (see segment) and draft C14, and places the payload straight from the
 // read buffer into the target memory with the CRC computed in the same pass
 // (crc32c.UpdateCopy inside mpa.Reader.ReadFull). Nothing is placed before
 // every check of the segment passed, and a segment's effects beyond
@@ -189,6 +189,22 @@ func (r *rxState) run() (rxEnd, error) {
 }
 
 // segment reads one FPDU's headers, checks them and places its payload.
+//
+// The checks follow RFC 5040 §7.2 (RFC 7306 §8.2): "1. The DDP layer MUST
+// validate all DDP Segment fields. 2. The RDMA OpCode MUST be valid. 3. The
+// RDMA Version MUST be valid." so a segment with several faults reports the
+// first in this order: the DDP version; for untagged segments the QN, MSN
+// and MO (r.q.Check, which validates the QN before indexing by it); the
+// opcode, with its buffer model and queue number (rdmap.CheckCtrl: a
+// mismatch is Unexpected OpCode); the RDMA version. (The checklist's
+// §7.3 [D] order, versions first, is not the RFC's.)
+//
+// A tagged segment's DDP fields (STag, TO) are checked after the opcode
+// and version, in tagged(): what they are checked against depends on the
+// opcode (an RDMA Write's STag against the registered regions and windows,
+// a Read Response's against the sink of the Read it answers), so a tagged
+// segment with a bad opcode or version and a bad STag reports the opcode
+// or version.
 func (r *rxState) segment(n int) error {
 	rd := r.c.rd
 	if err := rd.ReadFull(r.hdr[:ddp.TaggedHeaderLen]); err != nil {
@@ -198,59 +214,69 @@ func (r *rxState) segment(n int) error {
 	b0 := r.hdr[0]
 	tagged := ddp.IsTagged(b0)
 	if !tagged {
-		if n < ddp.UntaggedHeaderLen {
-			return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPLocalCatastrophic}, EventLLPSegmentSize, 0, n,
-				"untagged segment of %d bytes", n)
-		}
-		if err := rd.ReadFull(r.hdr[ddp.TaggedHeaderLen:ddp.UntaggedHeaderLen]); err != nil {
+		r.hl = min(n, ddp.UntaggedHeaderLen)
+		if err := rd.ReadFull(r.hdr[ddp.TaggedHeaderLen:r.hl]); err != nil {
 			return err
 		}
-		r.hl = ddp.UntaggedHeaderLen
 	}
+	// 1. DDP segment fields. Every DDP error echoes the offending segment's
+	// DDP header (RFC 5040 Figure 10: "DDP ... Yes"), the Invalid DDP
+	// Version ones included. An untagged segment of 14..17 bytes (the MPA
+	// reader refuses fewer than 14) cannot hold its header: ParseUntagged
+	// reports it as DDP / Untagged Buffer / Invalid DDP Version (1/2/0x06),
+	// the code for an untagged header that cannot be read as RFC 5041's
+	// (checklist §3.5 has no "segment too short" code; Local Catastrophic,
+	// 1/0, is for local failures, which this is not), and the Terminate
+	// echoes the bytes there are, zero-padded to 18.
 	if tagged {
 		if _, err := ddp.ParseTagged(r.hdr[:r.hl]); err != nil {
-			return r.decodeErr(err, EventInvalidDDPVersion, 0, n)
+			return r.decodeErr(err, EventInvalidDDPVersion, r.hl, n)
 		}
 	} else if _, err := ddp.ParseUntagged(r.hdr[:r.hl]); err != nil {
-		return r.decodeErr(err, EventInvalidDDPVersion, 0, n)
-	}
-	op, err := rdmap.ParseCtrl(r.hdr[1])
-	if err != nil {
-		ev := EventUnexpectedOpcode
-		var te *term.Error
-		if errors.As(err, &te) && te.Cause.Code == term.OpInvalidVersion {
-			ev = EventInvalidRDMAVersion
-		}
-		return r.decodeErr(err, ev, r.hl, n)
-	}
-	var qn uint32
-	if !tagged {
-		qn = ddp.Untagged(r.hdr[:r.hl]).QN()
-	}
-	if err := rdmap.CheckPlacement(op, tagged, qn, true); err != nil {
-		ev := EventUnexpectedOpcode
-		var te *term.Error
-		if errors.As(err, &te) && te.Cause.Layer == term.LayerDDP {
-			ev = EventInvalidQN // DDP checks its queue number before RDMAP sees the opcode
+		ev := EventInvalidDDPVersion
+		if r.hl < ddp.UntaggedHeaderLen {
+			ev = EventLLPSegmentSize
 		}
 		return r.decodeErr(err, ev, r.hl, n)
 	}
 	payload := n - r.hl
+	var qn uint32
+	var h ddp.Untagged
+	if !tagged {
+		h = ddp.Untagged(r.hdr[:r.hl])
+		qn = h.QN()
+		// The Terminate queue's MSN and MO are not checked: a peer's
+		// Terminate is read whatever it holds, never answered.
+		if qn != rdmap.QNTerminate {
+			if err := r.q.Check(h, payload); err != nil {
+				ev := EventRQInvalidMSN
+				switch {
+				case qn > 3:
+					ev = EventInvalidQN
+				case qn == rdmap.QNReadRequest:
+					ev = EventIRRQInvalidMSN
+				}
+				return r.decodeErr(err, ev, r.hl, n)
+			}
+		}
+	}
+	// 2. The opcode, 3. the RDMA version.
+	op, err := rdmap.CheckCtrl(r.hdr[1], tagged, qn, true)
+	if err != nil {
+		ev := EventUnexpectedOpcode
+		var te *term.Error
+		if errors.As(err, &te) {
+			switch {
+			case te.Cause.Layer == term.LayerDDP:
+				ev = EventInvalidQN // not reached: r.q.Check saw the QN first
+			case te.Cause.Code == term.OpInvalidVersion:
+				ev = EventInvalidRDMAVersion
+			}
+		}
+		return r.decodeErr(err, ev, r.hl, n)
+	}
 	if tagged {
 		return r.tagged(op, ddp.Tagged(r.hdr[:r.hl]), payload, n)
-	}
-	h := ddp.Untagged(r.hdr[:r.hl])
-	if qn != rdmap.QNTerminate {
-		if err := r.q.Check(h, payload); err != nil {
-			ev := EventRQInvalidMSN
-			switch {
-			case qn > 3:
-				ev = EventInvalidQN
-			case qn == rdmap.QNReadRequest:
-				ev = EventIRRQInvalidMSN
-			}
-			return r.decodeErr(err, ev, r.hl, n)
-		}
 	}
 	r.act.untagged = true
 	r.act.h = h

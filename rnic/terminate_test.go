@@ -226,22 +226,55 @@ var termCases = []termCase{
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			return sendULPDU(tt.t.(*testing.T), p, p.Untagged(rdmap.OpSend, true, 0, 0, 1, 4, []byte("x")))
 		}},
-	{name: "ddp-version-tagged", cause: ddpTagged(term.TaggedInvalidVersion), ev: EventInvalidDDPVersion, noEcho: true,
+	// DDP errors echo the DDP header, Invalid DDP Version included (RFC 5040
+	// Figure 10: "DDP ... Yes"; the checklist's vector 21 said no echo).
+	{name: "ddp-version-tagged", cause: ddpTagged(term.TaggedInvalidVersion), ev: EventInvalidDDPVersion,
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			u := tagged(p, rdmap.OpWrite, tt.w.STag(), 0, 8)
 			u[0] &^= 0x03
 			return sendULPDU(tt.t.(*testing.T), p, u)
 		}},
-	{name: "ddp-version-untagged", recvs: 1, cause: ddpUntagged(term.UntaggedInvalidVersion), ev: EventInvalidDDPVersion, noEcho: true,
+	{name: "ddp-version-untagged", recvs: 1, cause: ddpUntagged(term.UntaggedInvalidVersion), ev: EventInvalidDDPVersion,
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			u := p.SendMsg(rdmap.OpSend, 0, []byte("x"))
 			u[0] = u[0]&^0x03 | 0x02
 			return sendULPDU(tt.t.(*testing.T), p, u)
 		}},
-	{name: "rdmap-version", recvs: 1, cause: remoteOp(term.OpInvalidVersion), ev: EventInvalidRDMAVersion,
+	{name: "ddp-version-and-opcode", recvs: 1, cause: ddpUntagged(term.UntaggedInvalidVersion), ev: EventInvalidDDPVersion,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.Untagged(rdmap.OpSend, true, 0, 0, 9, 0, []byte("x")) // and a bad MSN
+			u[0] &^= 0x03
+			u[1] = 0x8C // and opcode 0xC, RV 10b
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	// An untagged segment too short for its 18-byte header: the decoder's
+	// 1/2/0x06, the 16 bytes there are echoed, zero-padded to 18.
+	{name: "untagged-too-short", recvs: 1, cause: ddpUntagged(term.UntaggedInvalidVersion), ev: EventLLPSegmentSize,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.SendMsg(rdmap.OpSend, 0, nil)[:16]
+			if err := p.SendRaw(mpa.AppendFPDU(nil, u, nil, p.CRC)); err != nil {
+				tt.t.Fatal(err)
+			}
+			return u
+		}},
+	// RV 00b is valid (RFC 5040 §4.1, "Both version numbers are valid"):
+	// the invalid versions are 10b and 11b, and 00b on RFC 7306 messages.
+	{name: "rdmap-version-10b", recvs: 1, cause: remoteOp(term.OpInvalidVersion), ev: EventInvalidRDMAVersion,
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			u := p.SendMsg(rdmap.OpSend, 0, []byte("x"))
-			u[1] &^= 0xC0
+			u[1] = u[1]&^0xC0 | 0x80
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "rdmap-version-11b", recvs: 1, cause: remoteOp(term.OpInvalidVersion), ev: EventInvalidRDMAVersion,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.SendMsg(rdmap.OpSend, 0, []byte("x"))
+			u[1] |= 0xC0
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "rdmap-version-00b-immediate", recvs: 1, cause: remoteOp(term.OpInvalidVersion), ev: EventInvalidRDMAVersion,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.SendMsg(rdmap.OpImmediate, 0, []byte{1, 2, 3, 4, 5, 6, 7, 8})
+			u[1] &^= 0xC0 // RFC 7306 §4.1: its messages MUST carry RV 01b
 			return sendULPDU(tt.t.(*testing.T), p, u)
 		}},
 	{name: "unknown-opcode", recvs: 1, cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedOpcode,
@@ -257,6 +290,50 @@ var termCases = []termCase{
 	{name: "write-untagged", recvs: 1, cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedOpcode,
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			return sendULPDU(tt.t.(*testing.T), p, p.Untagged(rdmap.OpWrite, true, 0, 0, 1, 0, []byte("x")))
+		}},
+	// Segments with two faults: RFC 5040 §7.2 validates (1) the DDP
+	// segment fields, (2) the RDMA opcode, (3) the RDMA version, in this
+	// order, and the first failing check is reported.
+	{name: "opcode-and-rdmap-version", recvs: 1, cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedOpcode,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.SendMsg(rdmap.OpSend, 0, []byte("x"))
+			u[1] = 0x8C // RV 10b, opcode 0xC
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "write-untagged-and-rdmap-version", recvs: 1, cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedOpcode,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.Untagged(rdmap.OpWrite, true, 0, 0, 1, 0, []byte("x"))
+			u[1] |= 0xC0 // RV 11b
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "msn-and-opcode", recvs: 1, cause: ddpUntagged(term.UntaggedMSNRange), ev: EventRQInvalidMSN,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.Untagged(rdmap.OpSend, true, 0, 0, 5, 0, []byte("x"))
+			u[1] = u[1]&0xF0 | 0x0C
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "msn-and-rdmap-version", recvs: 1, cause: ddpUntagged(term.UntaggedMSNRange), ev: EventRQInvalidMSN,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.Untagged(rdmap.OpSend, true, 0, 0, 5, 0, []byte("x"))
+			u[1] |= 0xC0
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "mo-and-opcode-on-wrong-queue", recvs: 1, cause: ddpUntagged(term.UntaggedInvalidMO), ev: EventRQInvalidMSN,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			return sendULPDU(tt.t.(*testing.T), p, p.Untagged(rdmap.OpAtomicResponse, true, 0, 0, 1, 4, []byte("x")))
+		}},
+	{name: "qn-and-opcode", recvs: 1, cause: ddpUntagged(term.UntaggedInvalidQN), ev: EventInvalidQN,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.Untagged(rdmap.OpSend, true, 0, 7, 1, 0, []byte("x"))
+			u[1] = 0x8C
+			return sendULPDU(tt.t.(*testing.T), p, u)
+		}},
+	{name: "read-request-msn-and-rdmap-version", cause: ddpUntagged(term.UntaggedMSNRange), ev: EventIRRQInvalidMSN,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			u := p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 1, Size: 8, SrcSTag: 0xDEADBE01})
+			u[13] = 9 // MSN 9 on QN 1
+			u[1] |= 0xC0
+			return sendULPDU(tt.t.(*testing.T), p, u)
 		}},
 	{name: "read-unknown-source", cause: prot(term.ProtInvalidSTag), ev: EventIRRQInvalidSTag, echoRDMA: true,
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
@@ -328,9 +405,19 @@ var termCases = []termCase{
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			return sendULPDU(tt.t.(*testing.T), p, p.SendMsg(rdmap.OpImmediate, 0, []byte{1, 2, 3, 4}))
 		}},
-	{name: "send-inv-other-pd", recvs: 1, placesRecv: true, cause: prot(term.ProtSTagNotAssociated), ev: 0,
+	// An Invalidate STag not associated with the stream is "STag Cannot be
+	// Invalidated" 0/1/0x09 (RFC 5040 §5.3), not 0x03 "STag not associated".
+	{name: "send-inv-other-pd", recvs: 1, placesRecv: true, cause: prot(term.ProtCannotInvalidate), ev: 0,
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			return sendULPDU(tt.t.(*testing.T), p, p.SendMsg(rdmap.OpSendInv, uint32(tt.other.STag()), []byte("x")))
+		}},
+	{name: "send-inv-other-pd-window", recvs: 1, placesRecv: true, cause: prot(term.ProtCannotInvalidate), ev: 0,
+		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
+			mw, err := tt.otherPD.AllocMW()
+			if err != nil {
+				tt.t.Fatal(err)
+			}
+			return sendULPDU(tt.t.(*testing.T), p, p.SendMsg(rdmap.OpSendInv, uint32(mw.STag()), []byte("x")))
 		}},
 	{name: "send-inv-unknown", recvs: 1, placesRecv: true, cause: prot(term.ProtInvalidSTag), ev: 0,
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
@@ -444,8 +531,10 @@ func checkEcho(t *testing.T, tc termCase, tm *rawpeer.Terminate, off []byte) {
 	if int(tm.SegLen) != len(off) {
 		t.Errorf("DDP segment length %d, want %d", tm.SegLen, len(off))
 	}
-	if !bytes.Equal(tm.DDPHeader, off[:hl]) {
-		t.Errorf("echoed DDP header\n got %x\nwant %x", tm.DDPHeader, off[:hl])
+	// A segment shorter than its header is echoed zero-padded.
+	want := append(bytes.Clone(off[:min(hl, len(off))]), make([]byte, max(0, hl-len(off)))...)
+	if !bytes.Equal(tm.DDPHeader, want) {
+		t.Errorf("echoed DDP header\n got %x\nwant %x", tm.DDPHeader, want)
 	}
 	if tc.echoRDMA {
 		if !tm.R || !bytes.Equal(tm.RDMAHeader, off[hl:hl+rdmap.ReadRequestLen]) {
@@ -494,5 +583,105 @@ func TestZeroLengthWriteNotValidated(t *testing.T) {
 	}
 	if st := tt.qp.State(); st != StateRTS {
 		t.Fatalf("state %s", st)
+	}
+}
+
+// TestRDMAPVersion00Accepted: RV 00b (the RDMA Consortium's RDMAP) is valid
+// on receive, RFC 5040 §4.1 "Both version numbers are valid": a Send, a
+// Write and a Read Request with RV 00b are served, and the Read Response
+// goes out with RV 01b.
+func TestRDMAPVersion00Accepted(t *testing.T) {
+	tt := newTermTarget(t, QPConfig{InboundRead: true, InboundWrite: true}, 1, 64)
+	p := tt.dial(t, rawpeer.Options{CRC: true})
+	rv0 := func(u []byte) []byte { u[1] &^= 0xC0; return u }
+	sendULPDU(t, p, rv0(tagged(p, rdmap.OpWrite, tt.w.STag(), 16, 8)))
+	sendULPDU(t, p, rv0(p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 0xAB01, SinkTO: 0x2000, Size: 4, SrcSTag: uint32(tt.ro.STag())})))
+	sendULPDU(t, p, rv0(p.SendMsg(rdmap.OpSend, 0, []byte("rv00b"))))
+	wc := tt.waitOK(tt.rcq, WRRecv)
+	if wc.Bytes != 5 || string(tt.bufs["recv"][:5]) != "rv00b" {
+		t.Fatalf("receive %+v %q", wc, tt.bufs["recv"][:5])
+	}
+	if !bytes.Equal(tt.bufs["w"][16:24], bytes.Repeat([]byte{0xEE}, 8)) {
+		t.Fatalf("Write with RV 00b not placed: %x", tt.bufs["w"][16:24])
+	}
+	u, err := p.ReadULPDU(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(u) != ddp.TaggedHeaderLen+4 || u[1] != rdmap.Ctrl(rdmap.OpReadResponse) || ddp.Tagged(u).STag() != 0xAB01 {
+		t.Fatalf("Read Response %x", u)
+	}
+	if st := tt.qp.State(); st != StateRTS {
+		t.Fatalf("state %s", st)
+	}
+}
+
+// TestSendInvWindowOfAnotherQP: a Send with Invalidate naming a window
+// bound to another QP (same PD) is refused with "STag Cannot be
+// Invalidated" 0/1/0x09, RFC 5040 §5.3 ("issue a Terminate Message with the
+// STag Cannot be Invalidated Terminate Error Code, if the STag is not
+// associated with the RDMAP Stream"), and the window stays bound.
+func TestSendInvWindowOfAnotherQP(t *testing.T) {
+	_, b := newPair(t, pairOpts{}, nil)
+	mr, err := b.pd.RegisterMR(Bytes(make([]byte, 4096)), MROptions{Access: LocalRead | LocalWrite | MWBind, VA: 0x10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := b.pd.AllocMW()
+	if err != nil {
+		t.Fatal(err)
+	}
+	win := mw.STag().WithKey(b.dev.RandomKey())
+	b.post(SendWR{ID: 1, Op: WRBindMW, Bind: &BindMW{MW: win, MR: mr.STag(), ZeroBased: true, VA: 0x10000, Len: 4096, Access: RemoteWrite}})
+	b.waitOK(b.scq, WRBindMW)
+
+	// A second QP of the same device and PD, driven by a raw peer.
+	qp2, err := b.pd.CreateQP(QPConfig{SendCQ: b.scq, RecvCQ: b.rcq, IRD: 4, ORD: 4, InboundWrite: true, InboundRead: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv, _ := b.reg(64, LocalWrite)
+	if _, err := qp2.PostRecv(RecvWR{ID: 7, SGL: []SGE{{STag: recv.STag(), Len: 64}}}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := b.dev.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	accepted := make(chan error, 1)
+	go func() {
+		req, err := l.Accept(ctx)
+		if err == nil {
+			_, err = req.Accept(ctx, qp2, AcceptParams{})
+		}
+		accepted <- err
+	}()
+	p, err := rawpeer.Dial(ctx, l.Addr().String(), rawpeer.Options{CRC: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := <-accepted; err != nil {
+		t.Fatal(err)
+	}
+	u := sendULPDU(t, p, p.SendMsg(rdmap.OpSendInv, uint32(win), []byte("x")))
+	tm, _, err := p.ReadTerminate(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := prot(term.ProtCannotInvalidate); tm.Cause != want {
+		t.Fatalf("Terminate cause %s, want %s (%x)", tm.Cause, want, tm.Raw)
+	}
+	if !tm.D || !bytes.Equal(tm.DDPHeader, u[:ddp.UntaggedHeaderLen]) {
+		t.Fatalf("echoed header %x", tm.Raw)
+	}
+	if info, _ := mw.Query(); !info.Valid || info.QPID != b.qp.ID() {
+		t.Fatalf("window after the refused remote invalidate: %+v", info)
+	}
+	if wc := b.wait(b.rcq); wc.ID != 7 || wc.Status != StatusInvalidateFailed {
+		t.Fatalf("receive completion %+v", wc)
 	}
 }

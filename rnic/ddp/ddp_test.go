@@ -188,6 +188,12 @@ func TestRxQueues(t *testing.T) {
 	if err := q2.Check(untaggedHdr(0, 1, 0xFFFFFFF0, true), 0x10); err != nil {
 		t.Fatal(err)
 	}
+	// A segment that is not the last may not end at 2^32: the next one would
+	// need MO 2^32, and the count would wrap to 0 (an MO 0 replay passing).
+	wantCause(t, q2.Check(untaggedHdr(0, 1, 0xFFFFFFF0, false), 0x10), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidMO)
+	if err := q2.Check(untaggedHdr(0, 1, 0xFFFFFFF0, false), 0xF); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestMSNWrap(t *testing.T) {

@@ -36,7 +36,8 @@ func (q *RxQueues) NumQueues() int { return q.n }
 // payload bytes against the queue state, without changing it: the QN must
 // be valid (1/2/0x01), the MSN must be the expected one on that QN (1/2/0x03)
 // and the MO must equal the bytes already received of the message, with the
-// message staying addressable by a 32-bit MO (1/2/0x04).
+// message staying addressable by a 32-bit MO: no segment runs past 2^32 and
+// only the last may end there (1/2/0x04).
 func (q *RxQueues) Check(h Untagged, payloadLen int) error {
 	qn := h.QN()
 	if uint64(qn) >= uint64(q.n) {
@@ -52,9 +53,18 @@ func (q *RxQueues) Check(h Untagged, payloadLen int) error {
 		return term.Errorf(term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidMO,
 			"QN %d MSN %d MO %d, expected %d (bytes received so far)", qn, h.MSN(), mo, got)
 	}
-	if payloadLen < 0 || uint64(mo)+uint64(payloadLen) > 1<<32 {
+	end := uint64(mo) + uint64(payloadLen)
+	if payloadLen < 0 || end > 1<<32 {
 		return term.Errorf(term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidMO,
 			"QN %d MSN %d MO %d with %d payload bytes runs past 2^32", qn, h.MSN(), mo, payloadLen)
+	}
+	// The MO is 32 bits (RFC 5041's untagged header, checklist §3.3): a
+	// message may end at offset 2^32, but a segment that is not its last
+	// must leave the next one an MO to start at, and 2^32 is not one (the
+	// received count would wrap to 0 and accept a replay of offset 0).
+	if end == 1<<32 && !h.Last() {
+		return term.Errorf(term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidMO,
+			"QN %d MSN %d MO %d with %d payload bytes reaches 2^32 in a segment that is not the last", qn, h.MSN(), mo, payloadLen)
 	}
 	return nil
 }

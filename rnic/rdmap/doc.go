@@ -6,7 +6,7 @@
 // # Layout
 //
 // The RDMAP control byte is the DDP RsvdULP octet (ULPDU byte 1):
-// RV (0xC0, must be 01b) | Rsv (0x30) | Opcode (0x0F). Opcodes, buffer
+// RV (0xC0, 01b, or 00b on receive) | Rsv (0x30) | Opcode (0x0F). Opcodes, buffer
 // models and queue numbers (RFC 5040 Figure 4, RFC 7306 Figure 2):
 //
 //	0x0 RDMA Write          tagged
@@ -33,7 +33,8 @@
 // Every decoder checks what RFC 5040/7306 make checkable and returns a
 // *term.Error carrying the Terminate the engine sends:
 //
-//	RV != 01b                        0/2/0x05 Invalid RDMAP version
+//	RV 10b or 11b, or 00b on an
+//	RFC 7306 opcode                  0/2/0x05 Invalid RDMAP version
 //	opcode 0xC..0xF, opcode vs T bit
 //	or QN, atomics not enabled,
 //	unsupported AOpCode              0/2/0x06 Unexpected OpCode
@@ -42,6 +43,12 @@
 //	wrong Read Request, Atomic or
 //	Immediate length                 0/2/0xFF Unspecified (no RFC code)
 //
+// The order is RFC 5040 §7.2's: the DDP segment fields first (package ddp
+// and the QN check in CheckPlacement), then the opcode with its buffer model
+// and queue number, then the RDMA version (CheckCtrl), so a segment with a
+// bad opcode and a bad version reports Unexpected OpCode. (The checklist's
+// §7.3 [D] "practical order" checked the versions first.)
+//
 // Reserved fields are not checked on receive, because the RFCs say so: the
 // RDMAP Rsv bits and the Invalidate STag of messages other than Send with
 // Invalidate (RFC 5040 §4.1), the 13 reserved Terminate bits (§4.8), the 28
@@ -49,19 +56,20 @@
 // (RFC 7306 §5.2.1). Where the RFCs and the project checklist disagree the
 // RFC wins; the cases are listed below.
 //
-// Version: RFC 5040 calls RV 00b (RDMA Consortium) valid too, with interop
-// depending on the MPA revision negotiated. This package accepts only 01b,
-// as we speak MPA revisions 1 and 2 only (checklist §4.1 [D]); RFC 7306
-// messages must be 01b in any case.
+// Version: RFC 5040 §4.1 calls RV 00b (RDMA Consortium) valid too: "Both
+// version numbers are valid". This package sends 01b and accepts 00b and
+// 01b on the RFC 5040 messages (the checklist's §4.1 [D] accepted 01b
+// only); RFC 7306 §4.1 requires 01b on its messages, so 00b is refused there.
 //
 // Terminate: ParseTerminate accepts the 4-byte form and zero-filled longer
 // forms, sizes the echoed DDP header by its own T bit and expects RDMA
 // header bytes only when R is set, the echoed message is a Read Request and
 // the bytes are there (siw sets R without them for Send with Invalidate).
-// TerminateFor applies Figure 10: no headers for LLP and Local Catastrophic
-// errors (and none for DDP Invalid Version, whose header cannot be trusted),
-// the DDP header for DDP and Remote Operation errors, and the Read Request
-// header too for Remote Protection errors on a Read Request. RFC 7306 §8.1
+// TerminateFor applies Figure 10: no headers for LLP and RDMA Local
+// Catastrophic errors, the DDP header for every DDP error (Invalid DDP
+// Version included, zero-padded if the segment cut it short) and for Remote
+// Operation errors, and the Read Request header too for Remote Protection
+// errors on a Read Request. RFC 7306 §8.1
 // echoes no RDMA header for atomics, so none is echoed for them.
 //
 // STags, bounds, access rights, alignment and outstanding-request matching

@@ -34,8 +34,9 @@ func FuzzRDMAP(f *testing.F) {
 			return
 		}
 		for b := 0; b < 256; b += 37 { // ParseCtrl over a spread of bytes
-			if op, err := ParseCtrl(byte(b) ^ ulpdu[0]); err == nil && Ctrl(op) != (byte(b)^ulpdu[0])&^maskRsv {
-				t.Fatalf("ParseCtrl(%02x) = %v", byte(b)^ulpdu[0], op)
+			x := byte(b) ^ ulpdu[0]
+			if op, err := ParseCtrl(x); err == nil && (byte(op) != x&maskOpcode || !ValidVersion(x>>6, op)) {
+				t.Fatalf("ParseCtrl(%02x) = %v", x, op)
 			}
 		}
 		d, err := decode(ulpdu)
@@ -113,8 +114,15 @@ func FuzzTerminate(f *testing.F) {
 		if len(b) < TerminateMinLen || len(b) > TerminateMaxLen {
 			t.Fatalf("Terminate of %d bytes", len(b))
 		}
-		if tf.D && !bytes.Equal(tf.DDPHeader, offending[:len(tf.DDPHeader)]) {
-			t.Fatal("echoed header differs from the offending one")
+		if n := min(len(offending), len(tf.DDPHeader)); tf.D &&
+			(!bytes.Equal(tf.DDPHeader[:n], offending[:n]) || !bytes.Equal(tf.DDPHeader[n:], make([]byte, len(tf.DDPHeader)-n))) {
+			t.Fatal("echoed header differs from the offending one (zero-padded)")
+		}
+		if tf.D && len(tf.DDPHeader) != ddpHeaderLen(offending) {
+			t.Fatalf("echoed header of %d bytes", len(tf.DDPHeader))
+		}
+		if tf.D && len(offending) < len(tf.DDPHeader) && cause.Layer != term.LayerDDP {
+			t.Fatalf("partial header echoed for %v", cause)
 		}
 		if tf.R && (cause.Layer != term.LayerRDMAP || cause.EType != term.RDMARemoteProtection) {
 			t.Fatalf("RDMA header echoed for %v", cause)

@@ -6,8 +6,12 @@ import (
 	"github.com/rnic-dev/rnic/rnic/term"
 )
 
-// Version is the RDMAP version (RV = 01b, RFC 5040).
-const Version = 1
+// RDMAP versions (the RV field, RFC 5040 §4.1). Version is the one this
+// package sends; VersionRDMAC is also valid on receive (see ValidVersion).
+const (
+	Version      = 1 // RV 01b: RFC 5040
+	VersionRDMAC = 0 // RV 00b: the RDMA Consortium's RDMAP
+)
 
 // Opcode is the 4-bit RDMA message opcode of the RDMAP control byte.
 type Opcode uint8
@@ -96,19 +100,65 @@ const (
 // Ctrl returns the RDMAP control byte for op: RV = 01b, Rsv = 0.
 func Ctrl(op Opcode) byte { return Version<<6 | byte(op)&maskOpcode }
 
-// ParseCtrl decodes an RDMAP control byte. RV != 01b is RDMA / Remote
-// Operation / Invalid RDMAP Version (0/2/0x05); an unassigned opcode
-// (0xC..0xF) is Unexpected OpCode (0/2/0x06). The Rsv bits are ignored, as
-// RFC 5040 §4.1 requires.
-func ParseCtrl(b byte) (Opcode, error) {
-	if rv := b >> 6; rv != Version {
-		return 0, term.Errorf(term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion,
-			"RDMAP version %d in control byte 0x%02X, want %d", rv, b, Version)
+// ValidVersion reports whether RV rv is valid for a message with opcode op.
+// RFC 5040 §4.1: "01b for an RNIC that complies with this RDMA protocol
+// specification. 00b for an RNIC that complies with the RDMA Consortium's
+// RDMA protocol specification. Both version numbers are valid." RFC 7306
+// §4.1: "All RDMA Messages defined in this specification MUST have: The RDMA
+// Version (RV) field: 01b", so its opcodes (0x8..0xB) need 01b. 10b and 11b
+// are never valid. For an unassigned opcode only 10b and 11b are refused:
+// the opcode check reports the rest.
+func ValidVersion(rv uint8, op Opcode) bool {
+	switch rv {
+	case Version:
+		return true
+	case VersionRDMAC:
+		return op < OpImmediate || op > OpAtomicResponse
 	}
+	return false
+}
+
+// ParseCtrl decodes an RDMAP control byte, checking in the order of RFC
+// 5040 §7.2 ("2. The RDMA OpCode MUST be valid. 3. The RDMA Version MUST
+// be valid."): an unassigned opcode (0xC..0xF) is Unexpected OpCode
+// (0/2/0x06), then an RV that ValidVersion refuses (10b, 11b, or 00b on an
+// RFC 7306 opcode) is RDMA / Remote Operation / Invalid RDMAP Version
+// (0/2/0x05). The Rsv bits are ignored, as RFC 5040 §4.1 requires. The
+// checklist (§4.1 [D]) accepted 01b only and checked the version first; the
+// RFC wins. CheckCtrl adds the opcode's placement checks.
+func ParseCtrl(b byte) (Opcode, error) {
 	op := Opcode(b & maskOpcode)
 	if !op.Valid() {
 		return 0, term.Errorf(term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode,
 			"unassigned RDMAP opcode 0x%X", uint8(op))
+	}
+	if err := checkVersion(b, op); err != nil {
+		return 0, err
+	}
+	return op, nil
+}
+
+func checkVersion(b byte, op Opcode) error {
+	if rv := (b & maskRV) >> 6; !ValidVersion(rv, op) {
+		return term.Errorf(term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion,
+			"RDMAP version %d in control byte 0x%02X, valid: 1, and 0 for RFC 5040 opcodes", rv, b)
+	}
+	return nil
+}
+
+// CheckCtrl runs steps 2 and 3 of RFC 5040 §7.2 (RFC 7306 §8.2) on the
+// RDMAP control byte b of a segment whose DDP fields (step 1) passed: the
+// opcode must be valid, which includes its buffer model and queue number
+// (CheckPlacement: a tagged Send, an untagged Write, a Send on QN 1 are
+// Unexpected OpCode 0/2/0x06), and only then the RDMA Version (0/2/0x05).
+// A segment with both a bad opcode and a bad version reports the opcode.
+func CheckCtrl(b byte, tagged bool, qn uint32, atomics bool) (Opcode, error) {
+	op := Opcode(b & maskOpcode)
+	if err := CheckPlacement(op, tagged, qn, atomics); err != nil {
+		return 0, err
+	}
+	if err := checkVersion(b, op); err != nil {
+		return 0, err
 	}
 	return op, nil
 }

@@ -63,16 +63,33 @@ func TestOpcodes(t *testing.T) {
 	for b := 0; b < 256; b++ {
 		op, err := ParseCtrl(byte(b))
 		switch {
-		case b>>6 != 1:
-			wantCause(t, err, term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion)
-		case b&0x0F > 0xB:
+		case b&0x0F > 0xB: // the opcode is checked before the version (RFC 5040 §7.2)
 			wantCause(t, err, term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode)
 			if Opcode(b&0x0F).String() == "" || Opcode(b&0x0F).QN() != QNNone {
 				t.Fatal("unassigned opcode")
 			}
+		case b>>6 >= 2, b>>6 == 0 && b&0x0F >= 0x8 && b&0x0F <= 0xB:
+			// RV 10b and 11b are never valid; RV 00b (RDMA Consortium) is
+			// valid (RFC 5040 §4.1) but not for the RFC 7306 opcodes,
+			// which MUST carry 01b (RFC 7306 §4.1).
+			wantCause(t, err, term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion)
 		case err != nil || byte(op) != byte(b&0x0F):
 			t.Fatalf("ParseCtrl(%02x) = %v, %v", b, op, err)
 		}
+	}
+	// RFC 5040 §7.2: the opcode (step 2) before the version (step 3).
+	for _, rv := range []byte{0x80, 0xC0} {
+		_, err := ParseCtrl(rv | 0x0C)
+		wantCause(t, err, term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode)
+		_, err = CheckCtrl(rv|byte(OpWrite), false, 0, true)
+		wantCause(t, err, term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode)
+		_, err = CheckCtrl(rv|byte(OpSend), false, QNReadRequest, true)
+		wantCause(t, err, term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode)
+		_, err = CheckCtrl(rv|byte(OpSend), false, QNSend, true)
+		wantCause(t, err, term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion)
+	}
+	if op, err := CheckCtrl(0x03, false, QNSend, false); err != nil || op != OpSend {
+		t.Fatalf("CheckCtrl(RV 00b Send) = %v, %v", op, err)
 	}
 	wantCause(t, CheckPlacement(0xC, false, 0, true), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode)
 	wantCause(t, CheckPlacement(OpAtomicResponse, false, 3, false), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidQN)

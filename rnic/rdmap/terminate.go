@@ -42,9 +42,11 @@ func ddpHeaderLen(h []byte) int {
 }
 
 // echoesReadRequest reports whether an echoed DDP header is an untagged
-// RDMA Read Request, the only message whose RDMA header is echoed.
+// RDMA Read Request (RV 01b or 00b, RFC 5040 §4.1), the only message whose
+// RDMA header is echoed.
 func echoesReadRequest(h []byte) bool {
-	return len(h) >= ddp.UntaggedHeaderLen && !ddp.IsTagged(h[0]) && h[1]&^maskRsv == Ctrl(OpReadRequest)
+	return len(h) >= ddp.UntaggedHeaderLen && !ddp.IsTagged(h[0]) &&
+		Opcode(h[1]&maskOpcode) == OpReadRequest && ValidVersion(h[1]>>6, OpReadRequest)
 }
 
 // appendFixed appends exactly n bytes of p: truncated or zero-padded.
@@ -161,45 +163,45 @@ func ParseTerminate(b []byte) (TerminateFields, error) {
 }
 
 // TerminateFor builds the Terminate for cause, applying RFC 5040 Figure 10
-// and §7.1 (checklist §4.4) to decide what to echo:
+// and §7.1 to decide what to echo:
 //
-//   - LLP errors, Local Catastrophic errors and DDP Invalid Version errors
-//     (the header layout cannot be trusted) echo nothing;
-//   - DDP Tagged/Untagged Buffer errors and RDMA Remote Operation errors echo
-//     the DDP Segment Length and the DDP header (M and D);
+//   - LLP errors and RDMA Local Catastrophic errors echo nothing;
+//   - every DDP error echoes the DDP Segment Length and the DDP header (M
+//     and D): Figure 10 says "Yes" for the DDP layer, whatever the error,
+//     Invalid DDP Version included (the checklist's vector 21 said "no
+//     echoed header"; the RFC wins). A DDP header cut short by its segment
+//     is echoed zero-padded to the size its T bit gives;
+//   - RDMA Remote Operation errors echo the DDP Segment Length and the DDP
+//     header, "if possible" (only a whole header is echoed);
 //   - RDMA Remote Protection errors do the same and, when the offending
 //     message is an RDMA Read Request, also echo its RDMA header (R).
 //
 // offending is the offending segment's ULPDU from its DDP header on (the
 // Read Request header after it, when there is one), or nil when the error is
-// not tied to an incoming segment; headers are echoed only if offending
-// holds them whole. ulpduLen is sent as the DDP Segment Length (clamped to
-// 0..65535). The result holds copies, not views of offending.
+// not tied to an incoming segment. ulpduLen is sent as the DDP Segment
+// Length (clamped to 0..65535). The result holds copies, not views of
+// offending.
 func TerminateFor(cause term.Cause, offending []byte, ulpduLen int) TerminateFields {
 	f := TerminateFields{Cause: cause}
-	var echo, rdma bool
+	var echo, pad, rdma bool
 	switch cause.Layer {
 	case term.LayerRDMAP:
 		echo = cause.EType == term.RDMARemoteProtection || cause.EType == term.RDMARemoteOperation
 		rdma = cause.EType == term.RDMARemoteProtection
 	case term.LayerDDP:
-		switch cause.EType {
-		case term.DDPTagged:
-			echo = cause.Code != term.TaggedInvalidVersion
-		case term.DDPUntagged:
-			echo = cause.Code != term.UntaggedInvalidVersion
-		}
+		echo = cause.EType <= term.DDPUntagged // RFC 5040 Figure 10: "DDP | Yes | No | Any"
+		pad = true
 	}
 	if !echo || len(offending) == 0 {
 		return f
 	}
 	hl := ddpHeaderLen(offending)
-	if len(offending) < hl {
+	if len(offending) < hl && !pad {
 		return f
 	}
 	f.M, f.D = true, true
 	f.SegLen = uint16(max(0, min(ulpduLen, 0xFFFF)))
-	f.DDPHeader = bytes.Clone(offending[:hl])
+	f.DDPHeader = appendFixed(nil, offending, hl)
 	if rdma && echoesReadRequest(offending) && len(offending) >= hl+ReadRequestLen {
 		f.R = true
 		f.RDMAHeader = bytes.Clone(offending[hl : hl+ReadRequestLen])

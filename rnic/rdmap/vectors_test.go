@@ -171,7 +171,8 @@ type decoded struct {
 	body   []byte
 }
 
-// decode runs the receive-side decoders in the engine's order.
+// decode runs the receive-side decoders in the engine's order (RFC 5040
+// §7.2: DDP fields, then the opcode, then the RDMA version).
 func decode(ulpdu []byte) (decoded, error) {
 	var d decoded
 	var hl int
@@ -189,11 +190,8 @@ func decode(ulpdu []byte) (decoded, error) {
 		}
 		d.u, hl, qn = h.Fields(), ddp.UntaggedHeaderLen, h.QN()
 	}
-	op, err := ParseCtrl(ulpdu[1])
+	op, err := CheckCtrl(ulpdu[1], d.tagged, qn, true)
 	if err != nil {
-		return d, err
-	}
-	if err := CheckPlacement(op, d.tagged, qn, true); err != nil {
 		return d, err
 	}
 	d.op, d.body = op, ulpdu[hl:]
@@ -409,11 +407,21 @@ func TestTerminateCodes(t *testing.T) {
 	}{
 		{"QN 7", put32(send, 6, 7), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidQN, true},
 		{"QN 3 without atomics is checked with atomics on", put32(send, 6, 4), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidQN, true},
-		{"tagged DV=0", mod(write, 0, 0xC0), term.LayerDDP, term.DDPTagged, term.TaggedInvalidVersion, false},
-		{"untagged DV=0", mod(send, 0, 0x40), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidVersion, false},
-		{"RV=0", mod(send, 1, 0x03), term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion, true},
+		{"tagged DV=0", mod(write, 0, 0xC0), term.LayerDDP, term.DDPTagged, term.TaggedInvalidVersion, true},
+		{"untagged DV=0", mod(send, 0, 0x40), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidVersion, true},
+		// RV 00b is valid (RFC 5040 §4.1, "Both version numbers are
+		// valid"): the checklist's "RV=0 -> 0/2/0x05" row became RV 10b/11b.
 		{"RV=2", mod(send, 1, 0x83), term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion, true},
+		{"RV=3", mod(send, 1, 0xC3), term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion, true},
+		{"RV=0 on an RFC 7306 opcode", mod(untagged(OpImmediate, QNSend, 1, 0, make([]byte, ImmediateLen)).ulpdu(), 1, 0x08), term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion, true},
 		{"opcode 0xC", mod(send, 1, 0x4C), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
+		// Two faults: RFC 5040 §7.2 validates the opcode (2) before the
+		// version (3), and the DDP fields (1) before both.
+		{"opcode 0xC and RV=2", mod(send, 1, 0x8C), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
+		{"untagged Write and RV=3", mod(send, 1, 0xC0), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
+		{"Send on QN 1 and RV=2", mod(put32(send, 6, 1), 1, 0x83), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
+		{"QN 7 and opcode 0xC", mod(put32(send, 6, 7), 1, 0x4C), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidQN, true},
+		{"untagged DV=0 and opcode 0xC", mod(mod(send, 0, 0x40), 1, 0x8C), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidVersion, true},
 		{"Send on QN 1", put32(send, 6, 1), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
 		{"tagged Send", mod(write, 1, 0x43), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
 		{"untagged Write", mod(send, 1, 0x40), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode, true},
@@ -464,9 +472,13 @@ func TestTerminateCodes(t *testing.T) {
 		{"Read Response unexpected", term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnexpectedOpcode},
 			taggedSeg(OpReadResponse, true, 1, 0, nil).ulpdu(), true, false, 14},
 		{"local catastrophic", term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}, send, false, false, 0},
-		{"DDP local catastrophic", term.Cause{Layer: term.LayerDDP, EType: term.DDPLocalCatastrophic}, send, false, false, 0},
+		// RFC 5040 Figure 10: every DDP error echoes the DDP header ("Yes").
+		{"DDP local catastrophic", term.Cause{Layer: term.LayerDDP, EType: term.DDPLocalCatastrophic}, send, true, false, 18},
+		{"DDP version, tagged", term.Cause{Layer: term.LayerDDP, EType: term.DDPTagged, Code: term.TaggedInvalidVersion}, write, true, false, 14},
+		{"DDP version, untagged", term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedInvalidVersion}, send, true, false, 18},
 		{"MPA CRC", term.Cause{Layer: term.LayerLLP, EType: term.LLPMPA, Code: term.MPACRC}, send, false, false, 0},
-		{"header cut short", term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedTooLong}, send[:17], false, false, 0},
+		{"DDP header cut short (zero-padded)", term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedInvalidVersion}, send[:15], true, false, 18},
+		{"RDMAP header cut short", term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnexpectedOpcode}, send[:17], false, false, 0},
 	}
 	for _, e := range echo {
 		f := TerminateFor(e.cause, e.ulpdu, 70000)
@@ -479,6 +491,9 @@ func TestTerminateCodes(t *testing.T) {
 		if e.r && !bytes.Equal(f.RDMAHeader, rr[18:]) {
 			t.Errorf("%s: RDMA header", e.name)
 		}
+		if n := min(len(e.ulpdu), e.headerSize); f.D && (!bytes.Equal(f.DDPHeader[:n], e.ulpdu[:n]) || !bytes.Equal(f.DDPHeader[n:], make([]byte, e.headerSize-n))) {
+			t.Errorf("%s: echoed DDP header %x", e.name, f.DDPHeader)
+		}
 	}
 	// TerminateFor copies: later changes to the offending bytes do not leak in.
 	buf := bytes.Clone(rr)
@@ -486,5 +501,42 @@ func TestTerminateCodes(t *testing.T) {
 	clear(buf)
 	if !bytes.Equal(f.DDPHeader, rr[:18]) || !bytes.Equal(f.RDMAHeader, rr[18:]) {
 		t.Fatal("TerminateFor aliases its input")
+	}
+}
+
+// TestRDMAPVersion00 checks that RV 00b (the RDMA Consortium's RDMAP) is
+// accepted on receive for the RFC 5040 messages: "Both version numbers are
+// valid" (RFC 5040 §4.1; the checklist's §4.1 [D] accepted 01b only, the
+// RFC wins). The RFC 7306 messages need 01b (RFC 7306 §4.1, TestTerminateCodes).
+func TestRDMAPVersion00(t *testing.T) {
+	rv0 := func(u []byte) []byte { c := bytes.Clone(u); c[1] &^= 0xC0; return c }
+	for _, u := range [][]byte{
+		untagged(OpSend, QNSend, 1, 0, []byte("hello")).ulpdu(),
+		untagged(OpSendSEInv, QNSend, 1, 0x11223344, []byte("abcd")).ulpdu(),
+		untagged(OpReadRequest, QNReadRequest, 1, 0, rrBytes(rr11)).ulpdu(),
+		taggedSeg(OpWrite, true, 0x12345678, 0x1000, write12).ulpdu(),
+		taggedSeg(OpReadResponse, true, 0xAB01, 0x2000, write12).ulpdu(),
+	} {
+		want, err := decode(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := decode(rv0(u))
+		if err != nil {
+			t.Fatalf("RV 00b %v refused: %v", want.op, err)
+		}
+		if got.op != want.op || !bytes.Equal(got.body, want.body) {
+			t.Fatalf("RV 00b %v decoded as %v", want.op, got.op)
+		}
+	}
+	// A Read Request with RV 00b still has its RDMA header echoed.
+	rr := rv0(untagged(OpReadRequest, QNReadRequest, 1, 0, rrBytes(rr11)).ulpdu())
+	f := TerminateFor(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteProtection, Code: term.ProtInvalidSTag}, rr, len(rr))
+	if !f.R || !bytes.Equal(f.RDMAHeader, rr[ddp.UntaggedHeaderLen:]) {
+		t.Fatalf("RV 00b Read Request: R=%v %x", f.R, f.RDMAHeader)
+	}
+	g, err := ParseTerminate(AppendTerminate(nil, &f))
+	if err != nil || !reflect.DeepEqual(g, f) {
+		t.Fatalf("round trip %+v %v", g, err)
 	}
 }

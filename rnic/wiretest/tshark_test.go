@@ -158,6 +158,15 @@ func buildCapture(t *testing.T) (*pcapFile, []rdmap.Opcode) {
 	s.frame(t, 1, mpa.Frame{Reply: true, Rev: 1})
 	s.untagged(0, rdmap.OpSend, 0, []byte("no crc"), 4096)
 	s.tagged(0, rdmap.OpWrite, 0x77, 0, pattern(100), 4096)
+	// A DDP-layer Terminate echoes the offending DDP header (RFC 5040
+	// Figure 10), Invalid DDP Version included: a Send with DV 00b.
+	bad := append(untaggedHdr(rdmap.OpSend, true, 0, rdmap.QNSend, 2, 0), "dv0"...)
+	bad[0] &^= 0x03
+	tf = rdmap.TerminateFor(term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedInvalidVersion}, bad, len(bad))
+	if !tf.M || !tf.D || tf.R {
+		t.Fatalf("Terminate echoes %+v", tf)
+	}
+	s.untagged(1, rdmap.OpTerminate, 0, rdmap.AppendTerminate(nil, &tf), 4096)
 	s.c.close(0)
 	return p, ops
 }
@@ -195,9 +204,10 @@ func TestTshark(t *testing.T) {
 			t.Errorf("tshark -V reports %q: ...%s...", bad, verbose[max(0, i-300):min(len(verbose), i+300)])
 		}
 	}
-	// Every FPDU of the two CRC streams was checked: 28 of the 30.
-	if n := strings.Count(verbose, "(Good CRC32)"); n != len(ops)-2 {
-		t.Errorf("tshark verified %d CRCs, want %d", n, len(ops)-2)
+	// Every FPDU of the two CRC streams was checked: all but the 3 of the
+	// stream without CRCs.
+	if n := strings.Count(verbose, "(Good CRC32)"); n != len(ops)-3 {
+		t.Errorf("tshark verified %d CRCs, want %d", n, len(ops)-3)
 	}
 
 	// Expert info: nothing at Warning or Error level, except that Wireshark
@@ -257,20 +267,27 @@ func TestTshark(t *testing.T) {
 	}
 	t.Logf("tshark decoded %d iwarp_ddp_rdmap PDUs, all 12 opcodes, matching what was written", len(got))
 
-	// A few decoded fields: the Read Request, the atomics and both Terminates.
+	// A few decoded fields: the Read Request, the atomics and the Terminates.
 	detail := tshark(t, path, "-Y", "iwarp_rdma.terminate || iwarp_rdma.atomic.opcode || iwarp_rdma.atomic.original_request_identifier || iwarp_rdma.rr",
 		"-T", "fields", "-e", "iwarp_rdma.opcode", "-e", "iwarp_rdma.sinkstag", "-e", "iwarp_rdma.rdmardsz",
 		"-e", "iwarp_rdma.atomic.opcode", "-e", "iwarp_rdma.atomic.request_identifier", "-e", "iwarp_rdma.atomic.original_request_identifier",
 		"-e", "iwarp_rdma.term_layer", "-e", "iwarp_rdma.term_etype_rdma", "-e", "iwarp_rdma.term_errcode_rdma",
-		"-e", "iwarp_rdma.term_hdrct_m", "-e", "iwarp_rdma.hdrct_d", "-e", "iwarp_rdma.hdrct_r")
+		"-e", "iwarp_rdma.term_hdrct_m", "-e", "iwarp_rdma.hdrct_d", "-e", "iwarp_rdma.hdrct_r",
+		"-e", "iwarp_rdma.term_etype_ddp", "-e", "iwarp_rdma.term_errcode_ddp_untagged", "-e", "iwarp_rdma.term_ddp_seg_len",
+		"-e", "iwarp_rdma.term_ddp_h")
 	want := []string{
-		"0x01\t0x0000ab01\t4096\t\t\t\t\t\t\t\t\t", // Read Request
-		"0x0a\t\t\t0\t1\t\t\t\t\t\t\t",             // FetchAdd
-		"0x0a\t\t\t2\t2\t\t\t\t\t\t\t",             // CmpSwap
-		"0x0b\t\t\t\t\t1\t\t\t\t\t\t",              // Atomic Responses
-		"0x0b\t\t\t\t\t2\t\t\t\t\t\t",
-		"0x07\t\t\t\t\t\t0x00\t0x01\t0x00\t1\t1\t1", // Remote Protection, M D R
-		"0x07\t\t\t\t\t\t0x00\t0x02\t0x06\t0\t0\t0", // Unexpected OpCode, 4-byte form
+		"0x01\t0x0000ab01\t4096\t\t\t\t\t\t\t\t\t\t\t\t\t", // Read Request
+		"0x0a\t\t\t0\t1\t\t\t\t\t\t\t\t\t\t\t",             // FetchAdd
+		"0x0a\t\t\t2\t2\t\t\t\t\t\t\t\t\t\t\t",             // CmpSwap
+		"0x0b\t\t\t\t\t1\t\t\t\t\t\t\t\t\t\t",              // Atomic Responses
+		"0x0b\t\t\t\t\t2\t\t\t\t\t\t\t\t\t\t",
+		// Remote Protection, M D R (Wireshark shows the first 14 bytes of
+		// the echoed untagged header as the DDP header).
+		"0x07\t\t\t\t\t\t0x00\t0x01\t0x00\t1\t1\t1\t\t\t002e\t4141000000000000000100000001",
+		"0x07\t\t\t\t\t\t0x00\t0x02\t0x06\t0\t0\t0\t\t\t\t", // Unexpected OpCode, 4-byte form
+		// DDP / Untagged / Invalid DDP Version, M and D: the 18-byte header
+		// of the DV 00b Send is echoed.
+		"0x07\t\t\t\t\t\t0x01\t\t\t1\t1\t0\t0x02\t0x06\t0015\t404300000000000000000000000200000000",
 	}
 	if lines := strings.Split(strings.TrimSpace(detail), "\n"); !slices.Equal(lines, want) {
 		t.Errorf("decoded fields:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))

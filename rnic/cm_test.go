@@ -1,0 +1,163 @@
+package rnic
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/rnic-dev/rnic/rnic/ddp"
+	"github.com/rnic-dev/rnic/rnic/mpa"
+	"github.com/rnic-dev/rnic/rnic/rdmap"
+	"github.com/rnic-dev/rnic/rnic/term"
+)
+
+// TestMPARequestWithMarkersRejected: the M flag of an MPA Request asks the
+// Responder to insert markers towards the Initiator (checklist §10.2). We
+// never send markers, so the Responder answers with a Reply with R=1 (and
+// M=0), closes the connection, and never hands the Request to Accept
+// (checklist §10.2 [D], §12.1 #6).
+func TestMPARequestWithMarkersRejected(t *testing.T) {
+	for _, rev := range []uint8{1, 2} {
+		t.Run(map[uint8]string{1: "rev1", 2: "rev2"}[rev], func(t *testing.T) {
+			s := newSide(t, "responder", pairOpts{})
+			l, err := s.dev.Listen("127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			nc, err := net.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			req := mpa.Frame{Markers: true, CRC: true, Rev: rev, PrivateData: []byte("markers please")}
+			if rev == 2 {
+				req.Enhanced = &mpa.IRDORD{IRD: 4, ORD: 4, P2P: true, RTRWrite: true}
+			}
+			b, err := req.Append(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := nc.Write(b); err != nil {
+				t.Fatal(err)
+			}
+			nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+			rep, err := mpa.ReadFrame(nc, true)
+			if err != nil {
+				t.Fatalf("no MPA Reply: %v", err)
+			}
+			if !rep.Reject || rep.Markers || rep.Rev != rev {
+				t.Fatalf("Reply %+v, want a rev %d reject without markers", rep, rev)
+			}
+			if n, err := io.Copy(io.Discard, nc); n != 0 || err != nil {
+				t.Fatalf("after the reject: %d more bytes, %v (want a clean close)", n, err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			if cr, err := l.Accept(ctx); err == nil {
+				t.Fatalf("the Request reached Accept: %+v", cr)
+			}
+			if st := s.qp.State(); st != StateIdle {
+				t.Fatalf("QP state %s", st)
+			}
+		})
+	}
+}
+
+// TestMPAReplyWithMarkersRefused: a Reply with M=1 asks the Initiator to
+// insert markers, which we do not: the Initiator does not enter RDMA mode,
+// sends a Terminate LLP / MPA / Invalid MPA Request or Reply Frame
+// (2/0/0x04, no echoed headers) as its only FPDU, closes, and Connect fails
+// with ErrMPA (checklist §10.1, §12.1 #6). The QP stays Idle.
+func TestMPAReplyWithMarkersRefused(t *testing.T) {
+	s := newSide(t, "initiator", pairOpts{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	type result struct {
+		req  mpa.Frame
+		term []byte
+		rest int64
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		defer func() { done <- r }()
+		nc, err := ln.Accept()
+		if err != nil {
+			r.err = err
+			return
+		}
+		defer nc.Close()
+		nc.SetDeadline(time.Now().Add(10 * time.Second))
+		if r.req, r.err = mpa.ReadFrame(nc, false); r.err != nil {
+			return
+		}
+		rep := mpa.Frame{Reply: true, Markers: true, CRC: true, Rev: r.req.Rev}
+		if r.req.Enhanced != nil {
+			rep.Enhanced = &mpa.IRDORD{IRD: 4, ORD: 4, P2P: true, RTRWrite: true}
+		}
+		b, err := rep.Append(nil)
+		if err != nil {
+			r.err = err
+			return
+		}
+		if _, r.err = nc.Write(b); r.err != nil {
+			return
+		}
+		rd := mpa.NewReader(nc, mpa.ReaderConfig{CRC: true})
+		n, err := rd.Next()
+		if err != nil {
+			r.err = err
+			return
+		}
+		r.term = make([]byte, n)
+		if r.err = rd.ReadFull(r.term); r.err != nil {
+			return
+		}
+		if r.err = rd.Finish(); r.err != nil {
+			return
+		}
+		r.rest, r.err = io.Copy(io.Discard, nc)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = s.dev.Connect(ctx, s.qp, ln.Addr().String(), ConnParams{})
+	if !errors.Is(err, ErrMPA) {
+		t.Fatalf("Connect: %v, want ErrMPA", err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.req.Markers {
+		t.Fatal("our MPA Request asked for markers")
+	}
+	if len(r.term) < ddp.UntaggedHeaderLen {
+		t.Fatalf("FPDU of %d bytes", len(r.term))
+	}
+	h := ddp.Untagged(r.term)
+	if h.RsvdULP0() != rdmap.Ctrl(rdmap.OpTerminate) || h.QN() != rdmap.QNTerminate || h.MSN() != 1 || !h.Last() {
+		t.Fatalf("not a Terminate: %x", r.term)
+	}
+	f, err := rdmap.ParseTerminate(r.term[ddp.UntaggedHeaderLen:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := term.Cause{Layer: term.LayerLLP, EType: term.LLPMPA, Code: term.MPAInvalidFrame}
+	if f.Cause != want || f.M || f.D || f.R {
+		t.Fatalf("Terminate %+v, want %v without echoed headers", f, want)
+	}
+	if r.rest != 0 {
+		t.Fatalf("%d bytes after the Terminate", r.rest)
+	}
+	if st := s.qp.State(); st != StateIdle {
+		t.Fatalf("QP state %s", st)
+	}
+}

@@ -421,9 +421,13 @@ func TestFlushKOfN(t *testing.T) {
 			b.postRecv(i, bRecv, 64)
 		}
 	})
+	// Plugged: all n are queued before the first leaves, so the Terminate
+	// the sixth one causes cannot come back while they are being posted.
+	a.qp.Plug()
 	for i := uint64(0); i < n; i++ {
 		a.post(SendWR{ID: i, Op: WRSend})
 	}
+	a.qp.Unplug()
 	var got []WC
 	for len(got) < n {
 		got = append(got, a.wait(a.scq))

@@ -718,7 +718,7 @@ func microBenchmarks(ctx context.Context) (string, error) {
 		{"./rnic/crc32c", ".", "300ms"},
 		{"./rnic", ".", "1s"},
 		{"./blockproto", ".", "300ms"},
-		{"./initiator", ".", "2s"},
+		{"./initiator", ".", "1000x"},
 	} {
 		cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", b.re, "-benchtime", b.time, b.pkg)
 		out, err := cmd.CombinedOutput()

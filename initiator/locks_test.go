@@ -1,6 +1,7 @@
 package initiator_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -90,7 +91,9 @@ func TestLockContention(t *testing.T) {
 }
 
 // TestReservationBlocksOthers: an exclusive reservation refuses another
-// initiator's writes with an error naming the holder.
+// initiator's writes with an error naming the holder, and the refused write
+// changes nothing: the block still holds the holder's data (distinct
+// patterns), read back by both initiators.
 func TestReservationBlocksOthers(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -101,15 +104,29 @@ func TestReservationBlocksOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.WriteAt(ctx, make([]byte, 4096), 0, false); err != nil {
+	alphaData := bytes.Repeat([]byte("alpha holds this block. "), 4096/24+1)[:4096]
+	betaData := bytes.Repeat([]byte{0xBE, 0x7A}, 2048)
+	if err := a.WriteAt(ctx, alphaData, 0, false); err != nil {
 		t.Fatalf("holder's write: %v", err)
 	}
-	err = b.WriteAt(ctx, make([]byte, 4096), 0, false)
+	err = b.WriteAt(ctx, betaData, 0, false)
 	var re *initiator.ReservedError
 	if !errors.As(err, &re) || re.Holder != "alpha" {
 		t.Fatalf("other's write: %v", err)
 	}
 	t.Logf("refused: %v", err)
+	back := make([]byte, 4096)
+	for _, c := range []struct {
+		name string
+		c    *initiator.Client
+	}{{"alpha", a}, {"beta", b}} {
+		if err := c.c.ReadAt(ctx, back, 0); err != nil {
+			t.Fatalf("%s reads the block back: %v", c.name, err)
+		}
+		if !bytes.Equal(back, alphaData) {
+			t.Fatalf("after the refused write %s reads %q..., want the holder's %q...", c.name, back[:16], alphaData[:16])
+		}
+	}
 	excl, holders, err := b.ReservationHolders(ctx)
 	if err != nil || !excl || len(holders) != 1 || holders[0] != "alpha" {
 		t.Fatalf("status: %v %v %v", excl, holders, err)
@@ -117,7 +134,10 @@ func TestReservationBlocksOthers(t *testing.T) {
 	if err := r.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.WriteAt(ctx, make([]byte, 4096), 0, false); err != nil {
+	if err := b.WriteAt(ctx, betaData, 0, false); err != nil {
 		t.Fatalf("write after release: %v", err)
+	}
+	if err := a.ReadAt(ctx, back, 0); err != nil || !bytes.Equal(back, betaData) {
+		t.Fatalf("after the release beta's write reads back as %x... (%v)", back[:8], err)
 	}
 }

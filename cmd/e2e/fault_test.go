@@ -278,12 +278,26 @@ func runFio(ctx context.Context, uri string, args ...string) (fioResult, string,
 	return r.Jobs[0], string(out), nil
 }
 
+// missingFaults lists the fault kinds the proxy has not injected yet.
+func (p *faultProxy) missingFaults() []string {
+	var miss []string
+	for k := faultReset; k < faultKinds; k++ {
+		if p.counts[k].Load() == 0 {
+			miss = append(miss, faultNames[k])
+		}
+	}
+	return miss
+}
+
 // TestFaultProxy puts a fault-injecting TCP proxy between rinit and
 // rtarget: connections are reset, stalled, half-closed or closed after a
 // random number of bytes, mid-login or mid-transfer. fio writes and
 // verifies through rinit's NBD export meanwhile; rinit reconnects and
-// replays, and every verify passes. RNIC_FAULT_DURATION (default 15s) and
-// RNIC_FAULT_SEED.
+// replays, and every verify passes. Every fault kind must actually have
+// been injected: if one has not by the end of the duration, jobs go on
+// (up to twice the duration, at least a minute, more) until it has, and
+// the test fails if it still has not. RNIC_FAULT_DURATION (default 15s)
+// and RNIC_FAULT_SEED.
 func TestFaultProxy(t *testing.T) {
 	needTools(t, "fio")
 	dur := 15 * time.Second
@@ -306,13 +320,19 @@ func TestFaultProxy(t *testing.T) {
 	waitPort(t, nbdAddr, rinit)
 	uri := "nbd://" + nbdAddr + "/vol"
 
-	ctx, cancel := context.WithTimeout(context.Background(), dur+3*time.Minute)
+	// Jobs go on past dur (up to extra more) while a fault kind is missing.
+	extra := max(dur, time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), dur+extra+3*time.Minute)
 	defer cancel()
 	px.armed.Store(true)
 	began := time.Now()
 	var jobs int
 	var written, read int64
-	for i := 0; time.Since(began) < dur; i++ {
+	more := func() bool {
+		el := time.Since(began)
+		return el < dur || el < dur+extra && len(px.missingFaults()) > 0
+	}
+	for i := 0; more(); i++ {
 		// Each job has its own 4 MiB stretch, so a verify only ever
 		// reads what that job wrote.
 		args := []string{fmt.Sprintf("--name=fault%d", i), "--size=4M", fmt.Sprintf("--offset=%dM", (i%48)*4),
@@ -335,6 +355,10 @@ func TestFaultProxy(t *testing.T) {
 	px.armed.Store(false)
 	t.Logf("faults for %s: %s", time.Since(began).Round(time.Millisecond), px.summary())
 	t.Logf("%d fio jobs verified with error=0: %d MiB written, %d MiB read", jobs, written>>20, read>>20)
+	if miss := px.missingFaults(); len(miss) > 0 {
+		t.Fatalf("fault kinds never injected in %s (seed %d): %s", time.Since(began).Round(time.Millisecond), seed,
+			strings.Join(miss, ", "))
+	}
 
 	// Clean connections from now on: a last verified job, and rinit
 	// is still serving.

@@ -76,8 +76,11 @@ type loadSession struct {
 // own region for a bounded time (RNIC_LOAD_DURATION, default 4 s). Every
 // write is read back and compared, every read is checked against the
 // expected version, and at the end every block of the volume is read back.
-// Goroutines and RSS are sampled every second; after the clients close and
-// the target stops, the goroutine count returns to its baseline.
+// Goroutines and RSS are sampled every second and the curve is printed.
+// During the run the goroutine count stays flat: no sample after the first
+// (taken after a second of load) exceeds it by more than 10% or 50,
+// whichever is more. RSS does not run away (see below). After the clients
+// close and the target stops, the goroutine count returns to its baseline.
 func TestLoad(t *testing.T) {
 	const (
 		sessions = 16
@@ -249,6 +252,30 @@ func TestLoad(t *testing.T) {
 	}
 	if n := mismatches.Load(); n != 0 {
 		t.Errorf("%d mismatches", n)
+	}
+
+	// The curve, and the goroutine count flat during the run.
+	var curve strings.Builder
+	for _, s := range samples {
+		fmt.Fprintf(&curve, " %.0fs:%d/%.0fMiB", s.t.Seconds(), s.goroutines, s.rss)
+	}
+	t.Logf("curve (t:goroutines/rss):%s", curve.String())
+	if len(samples) >= 2 {
+		first := samples[0].goroutines
+		peak, at := -1, time.Duration(0)
+		for _, s := range samples[1:] {
+			if s.goroutines > peak {
+				peak, at = s.goroutines, s.t
+			}
+		}
+		limit := first + max(first/10, 50)
+		t.Logf("goroutines during the run: %d at %.0fs, max %d after it (at %.0fs), limit %d",
+			first, samples[0].t.Seconds(), peak, at.Seconds(), limit)
+		if peak > limit {
+			t.Errorf("goroutines grew during the run from %d to %d (limit %d)", first, peak, limit)
+		}
+	} else {
+		t.Logf("goroutines during the run: %d samples, too few to compare (run longer)", len(samples))
 	}
 
 	// Loose RSS check: no runaway growth over the run. The first seconds

@@ -1,6 +1,7 @@
 package rnic
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -322,7 +323,12 @@ func (l *Listener) handshake(nc net.Conn) {
 	d := l.dev
 	tuneTCP(nc)
 	nc.SetDeadline(time.Now().Add(d.cfg.MPATimeout))
-	req, err := mpa.ReadFrame(nc, false)
+	// The Request is read through a buffer: whatever arrived with it lands
+	// there too, and anything past the Request is data the Initiator sent
+	// before our Reply. Those bytes are not handed on: such a connection is
+	// refused (Accept).
+	br := bufio.NewReaderSize(nc, mpa.FrameHeaderLen+mpa.MaxPrivateData)
+	req, err := mpa.ReadFrame(br, false)
 	if err != nil {
 		d.log.Info("bad MPA Request: closing", "peer", nc.RemoteAddr(), "err", err)
 		nc.Close()
@@ -331,7 +337,7 @@ func (l *Listener) handshake(nc net.Conn) {
 	nc.SetDeadline(time.Time{})
 	peerMax, ulpPD := splitExt(req.PrivateData)
 	cr := &ConnRequest{l: l, nc: nc, Rev: int(req.Rev), CRC: req.CRC, Markers: req.Markers, PrivateData: ulpPD,
-		RemoteAddr: nc.RemoteAddr(), peerMax: peerMax}
+		RemoteAddr: nc.RemoteAddr(), peerMax: peerMax, early: br.Buffered() > 0}
 	if req.Rev == 2 && req.Enhanced != nil {
 		e := req.Enhanced
 		cr.Enhanced, cr.PeerIRD, cr.PeerORD = true, int(e.IRD), int(e.ORD)
@@ -375,6 +381,7 @@ type ConnRequest struct {
 	peerMax          int
 	p2p              bool
 	offer            mpa.IRDORD
+	early            bool // bytes followed the Request before we answered it
 	mu               sync.Mutex
 	answered         bool
 }
@@ -411,13 +418,33 @@ func (r *ConnRequest) Reject(privateData []byte) error {
 	return nil
 }
 
-// earlyData reports bytes the Initiator sent before our Reply: a protocol
-// violation (RFC 5044 §7.1: no FPDU before the Reply).
-func earlyData(nc net.Conn) bool {
-	nc.SetReadDeadline(time.Now().Add(time.Millisecond))
-	var b [1]byte
-	n, _ := nc.Read(b[:])
-	nc.SetReadDeadline(time.Time{})
+// earlyData reports bytes the Initiator sent before our Reply, a protocol
+// violation (RFC 5044 §7.1: the Initiator sends no FPDU before it has the
+// Reply). On the Responder that means bytes received between the Request
+// and the moment the Reply is sent: those that came with the Request (read
+// into the handshake's buffer, r.early) and those waiting in the socket's
+// receive queue now, which are peeked at (MSG_PEEK | MSG_DONTWAIT: not
+// consumed, no waiting). Bytes still in flight when the Reply leaves cannot
+// be told from bytes sent after it, on any Responder; they are read as the
+// first FPDU. A connection that is not a socket (ListenOn with another
+// kind of listener) gets the buffer check only.
+func (r *ConnRequest) earlyData() bool {
+	if r.early {
+		return true
+	}
+	sc, ok := r.nc.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	n := 0
+	raw.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, _ = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	})
 	return n > 0
 }
 
@@ -434,7 +461,7 @@ func (r *ConnRequest) Accept(ctx context.Context, qp *QP, p AcceptParams) (*Conn
 	if st := qp.State(); st != StateIdle {
 		return fail(fmt.Errorf("%w (%s)", ErrQPNotIdle, st))
 	}
-	if earlyData(nc) {
+	if r.earlyData() {
 		return fail(fmt.Errorf("%w: the Initiator sent data before the MPA Reply", ErrMPA))
 	}
 	qi := qp.Query()

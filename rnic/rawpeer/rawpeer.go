@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"syscall"
 	"time"
 
 	"github.com/rnic-dev/rnic/rnic/ddp"
@@ -26,6 +27,57 @@ type Options struct {
 	IRD, ORD    uint16 // rev 2 (default 16/16)
 	// NoRTR skips sending the zero-length Write RTR the Responder chose.
 	NoRTR bool
+	// RawRequest, when not nil, is written as the MPA Request exactly as
+	// it is, unchecked (for malformed Requests: PD_Length over 512,
+	// reserved bits...). CRC still says whether this peer uses CRCs.
+	RawRequest []byte
+	// EarlyData is written right after the Request, before the Reply is
+	// read: bytes (typically an FPDU) the Initiator must not send before
+	// it has the Reply (RFC 5044 §7.1).
+	EarlyData []byte
+	// Mangle, when set, is applied to every ULPDU that Send frames (the
+	// RTR included) just before framing, e.g. to set reserved bits.
+	Mangle func(ulpdu []byte)
+}
+
+// ErrNoReply is returned (wrapped) by Dial and Handshake when the Responder
+// ended the stream (FIN or reset) without sending a single byte of an MPA
+// Reply.
+var ErrNoReply = errors.New("rawpeer: the Responder closed without an MPA Reply")
+
+// BuildRequest returns the MPA Request that o describes (RawRequest aside).
+func BuildRequest(o Options) ([]byte, error) {
+	if o.Rev == 0 {
+		o.Rev = 2
+	}
+	req := mpa.Frame{CRC: o.CRC, Rev: uint8(o.Rev), PrivateData: o.PrivateData}
+	if o.Rev == 2 {
+		ird, ord := o.IRD, o.ORD
+		if ird == 0 {
+			ird = 16
+		}
+		if ord == 0 {
+			ord = 16
+		}
+		req.Enhanced = &mpa.IRDORD{IRD: ird, ORD: ord, P2P: true, RTRWrite: true}
+	}
+	b, err := req.Append(nil)
+	if err != nil {
+		return nil, fmt.Errorf("rawpeer: MPA Request: %w", err)
+	}
+	return b, nil
+}
+
+// countReader counts the bytes read through it.
+type countReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.n += n
+	return n, err
 }
 
 // Peer is one raw connection in RDMA mode.
@@ -33,8 +85,10 @@ type Peer struct {
 	Conn  net.Conn
 	CRC   bool
 	Reply mpa.Frame
-	rd    *mpa.Reader
-	msn   ddp.TxQueues
+	// Mangle, when set, changes every ULPDU Send frames (Options.Mangle).
+	Mangle func(ulpdu []byte)
+	rd     *mpa.Reader
+	msn    ddp.TxQueues
 }
 
 // Dial connects to addr, exchanges MPA frames and, for a revision 2 peer
@@ -55,37 +109,35 @@ func Dial(ctx context.Context, addr string, o Options) (*Peer, error) {
 
 // Handshake runs the MPA Initiator exchange on c.
 func Handshake(c net.Conn, o Options) (*Peer, error) {
-	if o.Rev == 0 {
-		o.Rev = 2
-	}
-	req := mpa.Frame{CRC: o.CRC, Rev: uint8(o.Rev), PrivateData: o.PrivateData}
-	if o.Rev == 2 {
-		ird, ord := o.IRD, o.ORD
-		if ird == 0 {
-			ird = 16
+	b := o.RawRequest
+	if b == nil {
+		var err error
+		if b, err = BuildRequest(o); err != nil {
+			return nil, err
 		}
-		if ord == 0 {
-			ord = 16
-		}
-		req.Enhanced = &mpa.IRDORD{IRD: ird, ORD: ord, P2P: true, RTRWrite: true}
-	}
-	b, err := req.Append(nil)
-	if err != nil {
-		return nil, fmt.Errorf("rawpeer: MPA Request: %w", err)
 	}
 	c.SetDeadline(time.Now().Add(10 * time.Second))
 	defer c.SetDeadline(time.Time{})
 	if _, err := c.Write(b); err != nil {
 		return nil, fmt.Errorf("rawpeer: send MPA Request: %w", err)
 	}
-	rep, err := mpa.ReadFrame(c, true)
+	if len(o.EarlyData) > 0 {
+		if _, err := c.Write(o.EarlyData); err != nil {
+			return nil, fmt.Errorf("rawpeer: send data before the MPA Reply: %w", err)
+		}
+	}
+	cr := &countReader{r: c}
+	rep, err := mpa.ReadFrame(cr, true)
 	if err != nil {
+		if cr.n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+			return nil, fmt.Errorf("%w: %v", ErrNoReply, err)
+		}
 		return nil, fmt.Errorf("rawpeer: read MPA Reply: %w", err)
 	}
 	if rep.Reject {
 		return nil, fmt.Errorf("rawpeer: rejected (%q)", rep.PrivateData)
 	}
-	p := &Peer{Conn: c, CRC: req.CRC || rep.CRC, Reply: rep}
+	p := &Peer{Conn: c, CRC: o.CRC || rep.CRC, Reply: rep, Mangle: o.Mangle}
 	p.rd = mpa.NewReader(c, mpa.ReaderConfig{CRC: p.CRC})
 	if rep.Enhanced != nil && rep.Enhanced.P2P && !o.NoRTR {
 		if err := p.Send(p.Tagged(rdmap.OpWrite, true, 0, 0, nil)); err != nil {
@@ -132,9 +184,19 @@ func (p *Peer) SendMsg(op rdmap.Opcode, inv uint32, payload []byte) []byte {
 	return p.Untagged(op, true, inv, rdmap.QNSend, p.NextMSN(rdmap.QNSend), 0, payload)
 }
 
-// Send frames ulpdu as an FPDU (CRC as negotiated) and writes it.
+// Send frames ulpdu as an FPDU (CRC as negotiated) and writes it. Mangle,
+// if set, changes ulpdu first.
 func (p *Peer) Send(ulpdu []byte) error {
-	return p.SendRaw(mpa.AppendFPDU(nil, ulpdu, nil, p.CRC))
+	return p.SendRaw(p.Frame(ulpdu))
+}
+
+// Frame returns ulpdu framed as an FPDU (CRC as negotiated, Mangle
+// applied), for tests that write several FPDUs at once.
+func (p *Peer) Frame(ulpdu []byte) []byte {
+	if p.Mangle != nil {
+		p.Mangle(ulpdu)
+	}
+	return mpa.AppendFPDU(nil, ulpdu, nil, p.CRC)
 }
 
 // SendBadCRC frames ulpdu with a wrong CRC.

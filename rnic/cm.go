@@ -40,16 +40,25 @@ type ConnParams struct {
 	PrivateData []byte
 	Rev         int  // 1 or 2 (default 2)
 	NoCRC       bool // do not ask for CRC (it is still used if the peer asks)
-	IRD, ORD    int  // advertised; 0 means the QP's
-	LargeFPDU   bool
+	// IRD and ORD are advertised (RFC 6581) and applied to the QP when it
+	// enters RTS; 0 means the QP's own. The ORD is then clamped to the
+	// peer's IRD.
+	IRD, ORD  int
+	LargeFPDU bool
 }
 
 // AcceptParams are the Responder's choices.
 type AcceptParams struct {
 	PrivateData []byte
 	NoCRC       bool
-	IRD, ORD    int
-	LargeFPDU   bool
+	// IRD and ORD: as in ConnParams (advertised and applied; the ORD is
+	// clamped to the Initiator's IRD).
+	IRD, ORD  int
+	LargeFPDU bool
+	// RTR is the RFC 6581 RTR type picked when the Initiator offers it
+	// (RTRWrite, RTRRead or RTRSend); otherwise, or when zero, Write is
+	// preferred, then Read, then Send.
+	RTR RTRType
 }
 
 // ConnInfo describes an established connection.
@@ -160,13 +169,9 @@ func (d *Device) ConnectConn(ctx context.Context, qp *QP, nc net.Conn, p ConnPar
 	if rev != 1 && rev != 2 {
 		return nil, fmt.Errorf("%w: MPA revision %d", ErrInvalidModifier, rev)
 	}
-	ird, ord := p.IRD, p.ORD
-	qi := qp.Query()
-	if ird == 0 {
-		ird = qi.IRD
-	}
-	if ord == 0 {
-		ord = qi.ORD
+	ird, ord, err := qp.connIRDORD(p.IRD, p.ORD)
+	if err != nil {
+		return nil, err
 	}
 	req := mpa.Frame{CRC: !p.NoCRC, Rev: uint8(rev), PrivateData: withExt(p.PrivateData, p.LargeFPDU)}
 	if rev == 2 {
@@ -202,7 +207,7 @@ func (d *Device) ConnectConn(ctx context.Context, qp *QP, nc net.Conn, p ConnPar
 	if int(rep.Rev) > rev {
 		return nil, refuse(term.MPAInvalidFrame, fmt.Sprintf("MPA Reply revision %d to a revision %d Request", rep.Rev, rev))
 	}
-	s := Stream{Conn: nc, Initiator: true, Rev: int(rep.Rev), CRC: crc, PrivateData: ulpPD}
+	s := Stream{Conn: nc, Initiator: true, Rev: int(rep.Rev), CRC: crc, PrivateData: ulpPD, IRD: ird, ORD: ord}
 	if rep.Rev == 2 && rep.Enhanced != nil {
 		e := rep.Enhanced
 		s.Enhanced = true
@@ -232,6 +237,28 @@ func (d *Device) ConnectConn(ctx context.Context, qp *QP, nc net.Conn, p ConnPar
 	}
 	return &ConnInfo{PrivateData: ulpPD, Rev: s.Rev, CRC: crc, RTR: s.RTR, PeerIRD: s.PeerIRD, PeerORD: s.PeerORD,
 		MULPDU: s.MULPDU, LargeFPDU: large}, nil
+}
+
+// connIRDORD resolves the IRD and ORD a connection advertises: the given
+// values, or the QP's where zero. They are checked against the RNIC's
+// limits here, before anything is sent, and applied to the QP by Attach
+// (Stream.IRD/ORD), so what the peer is told is what the QP enforces.
+func (qp *QP) connIRDORD(ird, ord int) (int, int, error) {
+	c := qp.dev.cfg
+	if ird < 0 || ird > c.MaxIRD {
+		return 0, 0, fmt.Errorf("rnic: %w: IRD %d", ErrIRDExceedsCapability, ird)
+	}
+	if ord < 0 || ord > c.MaxORD {
+		return 0, 0, fmt.Errorf("rnic: %w: ORD %d", ErrORDExceedsCapability, ord)
+	}
+	qi := qp.Query()
+	if ird == 0 {
+		ird = qi.IRD
+	}
+	if ord == 0 {
+		ord = qi.ORD
+	}
+	return ird, ord, nil
 }
 
 // sendMPATerminate sends a Terminate with an LLP/MPA cause as the first FPDU
@@ -464,19 +491,16 @@ func (r *ConnRequest) Accept(ctx context.Context, qp *QP, p AcceptParams) (*Conn
 	if r.earlyData() {
 		return fail(fmt.Errorf("%w: the Initiator sent data before the MPA Reply", ErrMPA))
 	}
-	qi := qp.Query()
-	ird, ord := p.IRD, p.ORD
-	if ird == 0 {
-		ird = qi.IRD
-	}
-	if ord == 0 {
-		ord = qi.ORD
+	ird, ord, err := qp.connIRDORD(p.IRD, p.ORD)
+	if err != nil {
+		return fail(err)
 	}
 	rev := min(r.Rev, 2)
 	crc := r.CRC || !p.NoCRC
 	large := p.LargeFPDU && r.peerMax > 0
 	rep := mpa.Frame{Reply: true, CRC: !p.NoCRC, Rev: uint8(rev), PrivateData: withExt(p.PrivateData, large)}
-	s := Stream{Conn: nc, Rev: rev, CRC: crc, PrivateData: r.PrivateData, PeerIRD: r.PeerIRD, PeerORD: r.PeerORD}
+	s := Stream{Conn: nc, Rev: rev, CRC: crc, PrivateData: r.PrivateData, PeerIRD: r.PeerIRD, PeerORD: r.PeerORD,
+		IRD: ird, ORD: ord}
 	if rev == 2 && r.Enhanced {
 		// Never let the peer read more than it can take: our ORD is clamped
 		// to its IRD; our IRD is what we can serve (the peer lowers its ORD).
@@ -485,6 +509,10 @@ func (r *ConnRequest) Accept(ctx context.Context, qp *QP, p AcceptParams) (*Conn
 		if r.p2p {
 			e.P2P = true
 			switch {
+			case p.RTR == RTRRead && r.offer.RTRRead:
+				e.RTRRead, s.RTR = true, RTRRead
+			case p.RTR == RTRSend && r.offer.RTRSend:
+				e.RTRSend, s.RTR = true, RTRSend
 			case r.offer.RTRWrite:
 				e.RTRWrite, s.RTR = true, RTRWrite
 			case r.offer.RTRRead:

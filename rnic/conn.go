@@ -54,6 +54,9 @@ type Stream struct {
 	PeerIRD, PeerORD int
 	// PrivateData is the peer's ULP private data.
 	PrivateData []byte
+	// IRD and ORD, when non-zero, become the QP's IRD and ORD (what this
+	// side advertised in the MPA exchange) before the ORD is clamped.
+	IRD, ORD int
 }
 
 // StreamInfo describes an attached stream.
@@ -135,6 +138,17 @@ func (qp *QP) Attach(s Stream) error {
 		st := qp.state
 		qp.mu.Unlock()
 		return fmt.Errorf("rnic: attach QP %d in %s: %w", qp.id, st, ErrInvalidStateChange)
+	}
+	if s.IRD < 0 || s.IRD > qp.dev.cfg.MaxIRD || s.ORD < 0 || s.ORD > qp.dev.cfg.MaxORD {
+		qp.mu.Unlock()
+		return fmt.Errorf("rnic: attach QP %d: %w: IRD %d ORD %d", qp.id, ErrInvalidModifier, s.IRD, s.ORD)
+	}
+	if s.IRD > 0 {
+		qp.ird = s.IRD
+	}
+	if s.ORD > 0 {
+		qp.ord = s.ORD
+		qp.ordA.Store(int32(qp.ord))
 	}
 	if s.Enhanced && qp.ord > s.PeerIRD {
 		qp.ord = s.PeerIRD // never exceed what the peer can take
@@ -435,14 +449,15 @@ func (c *conn) endOfStream(end rxEnd, rerr error) {
 }
 
 // detach completes the move to the final state: every outstanding WQE is
-// flushed before Error becomes visible.
+// flushed before Error becomes visible, under qp.mu so that no WR is posted
+// between the flush and the state change.
 func (c *conn) detach(final QPState) {
 	qp := c.qp
+	qp.mu.Lock()
 	if final == StateError {
 		c.rx.flushInProgress()
 		qp.flush()
 	}
-	qp.mu.Lock()
 	qp.conn = nil
 	qp.setStateLocked(final)
 	qp.mu.Unlock()

@@ -13,8 +13,12 @@ import (
 type CQ struct {
 	dev *Device
 
-	mu         sync.Mutex
-	ring       []WC
+	mu   sync.Mutex
+	ring []WC
+	// held[i] is the QP whose S-RQ WQE ring[i] completes (nil otherwise):
+	// polling it ends that WQE's progress for the QP RQ Limit (draft
+	// §6.3.7, §6.3.8).
+	held       []*QP
 	mask       uint32
 	head, tail uint32 // poll at head, add at tail; tail-head = entries queued
 	size       int    // entries the consumer asked for (<= len(ring))
@@ -68,7 +72,8 @@ func (d *Device) CreateCQ(entries int, handler HandlerID) (*CQ, error) {
 		return nil, fmt.Errorf("rnic: create CQ: %w", ErrInsufficientResources)
 	}
 	n := ceilPow2(entries)
-	cq := &CQ{dev: d, ring: make([]WC, n), mask: uint32(n - 1), size: n, handler: handler, ch: make(chan struct{}, 1)}
+	cq := &CQ{dev: d, ring: make([]WC, n), held: make([]*QP, n), mask: uint32(n - 1), size: n, handler: handler,
+		ch: make(chan struct{}, 1)}
 	d.cqs[cq] = struct{}{}
 	return cq, nil
 }
@@ -88,13 +93,22 @@ func (cq *CQ) Len() int {
 }
 
 // Poll moves up to len(wcs) completions into wcs and returns how many.
+// Once it has made room, a later overflow is reported again.
 func (cq *CQ) Poll(wcs []WC) int {
 	cq.mu.Lock()
 	n := 0
 	for n < len(wcs) && cq.head != cq.tail {
-		wcs[n] = cq.ring[cq.head&cq.mask]
+		i := cq.head & cq.mask
+		wcs[n] = cq.ring[i]
+		if qp := cq.held[i]; qp != nil {
+			qp.srqHeld.Add(-1)
+			cq.held[i] = nil
+		}
 		cq.head++
 		n++
+	}
+	if n > 0 {
+		cq.overflowed = false
 	}
 	cq.headA.Store(cq.head)
 	cq.mu.Unlock()
@@ -176,10 +190,12 @@ func (cq *CQ) Resize(entries int) (int, error) {
 	}
 	n := ceilPow2(entries)
 	ring := make([]WC, n)
+	held := make([]*QP, n)
 	for i := 0; i < q; i++ {
 		ring[i] = cq.ring[(cq.head+uint32(i))&cq.mask]
+		held[i] = cq.held[(cq.head+uint32(i))&cq.mask]
 	}
-	cq.ring, cq.mask, cq.head, cq.tail, cq.size = ring, uint32(n-1), 0, uint32(q), n
+	cq.ring, cq.held, cq.mask, cq.head, cq.tail, cq.size = ring, held, uint32(n-1), 0, uint32(q), n
 	cq.headA.Store(0)
 	cq.tailA.Store(uint32(q))
 	cq.overflowed = false
@@ -215,23 +231,36 @@ func (cq *CQ) use(delta int) error {
 }
 
 // push adds a completion. It reports false on overflow: the completion is not
-// stored (nothing is ever overwritten) and a CQ Overflow event is raised once.
-func (cq *CQ) push(wc WC) bool {
+// stored (nothing is ever overwritten) and a CQ Overflow event is raised,
+// once per overflow: the next one is reported after the consumer has polled
+// (draft §5.3.1 leaves the semantics to the RI; each is detected).
+func (cq *CQ) push(wc WC) bool { return cq.pushHeld(wc, nil) }
+
+// pushHeld is push for the completion of an S-RQ WQE taken by qp: the WQE
+// counts as in progress on qp until the completion is polled.
+func (cq *CQ) pushHeld(wc WC, qp *QP) bool {
 	cq.mu.Lock()
 	if cq.dead {
 		cq.mu.Unlock()
+		if qp != nil {
+			qp.srqHeld.Add(-1)
+		}
 		return true
 	}
 	if int(cq.tail-cq.head) >= len(cq.ring) {
 		first := !cq.overflowed
 		cq.overflowed = true
 		cq.mu.Unlock()
+		if qp != nil {
+			qp.srqHeld.Add(-1) // lost: never retrieved
+		}
 		if first {
 			cq.dev.raise(AsyncEvent{Type: EventCQOverflow, Resource: ResourceCQ, CQ: cq})
 		}
 		return false
 	}
 	cq.ring[cq.tail&cq.mask] = wc
+	cq.held[cq.tail&cq.mask] = qp
 	cq.tail++
 	cq.tailA.Store(cq.tail)
 	fire := cq.armed == notifyNext || (cq.armed == notifySolicited && (wc.Solicited || wc.Status != StatusSuccess))

@@ -269,7 +269,9 @@ func (d *Device) handler(id HandlerID) func(*CQ) {
 }
 
 // Close tears down every QP (resetting live connections), listener and
-// resource opened through this device, and stops its goroutines.
+// resource opened through this device, and stops its goroutines: it returns
+// once every stream's receive and transmit goroutines have ended, or after
+// Config.CloseTimeout if some have not.
 func (d *Device) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -289,8 +291,26 @@ func (d *Device) Close() error {
 	for _, l := range lsns {
 		l.Close()
 	}
+	var conns []*conn
 	for _, qp := range qps {
-		qp.teardown()
+		if c := qp.teardown(); c != nil {
+			conns = append(conns, c)
+		}
+	}
+	if len(conns) > 0 {
+		timeout := time.NewTimer(d.cfg.CloseTimeout)
+	wait:
+		for _, c := range conns {
+			for _, done := range []chan struct{}{c.rxDone, c.txDone} {
+				select {
+				case <-done:
+				case <-timeout.C:
+					d.log.Warn("close: stream goroutines still running after the close timeout")
+					break wait
+				}
+			}
+		}
+		timeout.Stop()
 	}
 	d.stags.clear()
 	d.mu.Lock()

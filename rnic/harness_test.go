@@ -35,6 +35,13 @@ type pairOpts struct {
 	srq         bool
 	cfg         Config
 	acceptNoCRC bool
+	// connect and accept, when set, adjust the parameters each side
+	// passes to the connection manager.
+	connect func(*ConnParams)
+	accept  func(*AcceptParams)
+	// proxy, when set, puts a TCP relay between the two devices (see
+	// newProxy) so that a test can reset the connection under both QPs.
+	proxy **proxy
 }
 
 func testLogger() *slog.Logger {
@@ -123,11 +130,23 @@ func newPair(t testing.TB, o pairOpts, prepare func(a, b *side)) (a, b *side) {
 			ch <- res{err: err}
 			return
 		}
-		info, err := req.Accept(ctx, b.qp, AcceptParams{PrivateData: []byte("resp"), NoCRC: o.noCRC || o.acceptNoCRC, LargeFPDU: o.large})
+		ap := AcceptParams{PrivateData: []byte("resp"), NoCRC: o.noCRC || o.acceptNoCRC, LargeFPDU: o.large}
+		if o.accept != nil {
+			o.accept(&ap)
+		}
+		info, err := req.Accept(ctx, b.qp, ap)
 		ch <- res{info, err}
 	}()
-	a.info, err = a.dev.Connect(ctx, a.qp, l.Addr().String(), ConnParams{PrivateData: []byte("init"), Rev: o.rev,
-		NoCRC: o.noCRC, LargeFPDU: o.large})
+	cp := ConnParams{PrivateData: []byte("init"), Rev: o.rev, NoCRC: o.noCRC, LargeFPDU: o.large}
+	if o.connect != nil {
+		o.connect(&cp)
+	}
+	addr := l.Addr().String()
+	if o.proxy != nil {
+		*o.proxy = newProxy(t, addr)
+		addr = (*o.proxy).addr
+	}
+	a.info, err = a.dev.Connect(ctx, a.qp, addr, cp)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
@@ -240,3 +259,52 @@ func drainCQ(cq *CQ) []WC {
 }
 
 func isClosed(err error) bool { return errors.Is(err, net.ErrClosed) }
+
+// proxy is a TCP relay between two devices: it accepts one connection and
+// copies bytes both ways to target. reset closes both of its connections
+// abortively (TCP RST), which each QP sees as an LLP reset.
+type proxy struct {
+	addr  string
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newProxy(t testing.TB, target string) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{addr: ln.Addr().String()}
+	t.Cleanup(func() { ln.Close(); p.reset() })
+	go func() {
+		c1, err := ln.Accept()
+		ln.Close()
+		if err != nil {
+			return
+		}
+		c2, err := net.Dial("tcp", target)
+		if err != nil {
+			c1.Close()
+			return
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c1, c2)
+		p.mu.Unlock()
+		go func() { io.Copy(c2, c1) }()
+		go func() { io.Copy(c1, c2) }()
+	}()
+	return p
+}
+
+func (p *proxy) reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetLinger(0)
+		}
+		c.Close()
+	}
+	p.conns = nil
+}

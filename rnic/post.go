@@ -9,17 +9,23 @@ import (
 // queued: they enter in order, and the first that fails stops the list
 // (draft §8.1.1). It never waits for processing. In Idle the WRs wait for
 // RTS; in Closing, Terminate and Error posting fails with ErrInvalidQPState.
+//
+// The state check and the queuing happen under qp.mu, which every flush of
+// the queues also holds (Modify ->Error, the end of a stream): a WR is
+// either queued before a flush, and flushed by it, or refused.
 func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 	qp.mu.Lock()
 	st, destroyed, c := qp.state, qp.destroyed, qp.conn
-	qp.mu.Unlock()
 	if destroyed {
+		qp.mu.Unlock()
 		return 0, fmt.Errorf("rnic: post send: %w", ErrInvalidQP)
 	}
 	if st != StateIdle && st != StateRTS {
+		qp.mu.Unlock()
 		return 0, fmt.Errorf("rnic: post send on QP %d in %s: %w", qp.id, st, ErrInvalidQPState)
 	}
 	n, err := qp.sq.post(wrs, qp.checkSendWR)
+	qp.mu.Unlock()
 	if n > 0 && c != nil && qp.plugs.Load() == 0 {
 		c.pushInline()
 	}
@@ -105,12 +111,11 @@ func (qp *QP) PostRecv(wrs ...RecvWR) (int, error) {
 		return 0, fmt.Errorf("rnic: post receive on QP %d: %w", qp.id, ErrRQHasSRQ)
 	}
 	qp.mu.Lock()
-	st, destroyed := qp.state, qp.destroyed
-	qp.mu.Unlock()
-	if destroyed {
+	defer qp.mu.Unlock() // atomic with flushes, as in PostSend
+	if qp.destroyed {
 		return 0, fmt.Errorf("rnic: post receive: %w", ErrInvalidQP)
 	}
-	if st != StateIdle && st != StateRTS {
+	if st := qp.state; st != StateIdle && st != StateRTS {
 		return 0, fmt.Errorf("rnic: post receive on QP %d in %s: %w", qp.id, st, ErrInvalidQPState)
 	}
 	return qp.rq.post(wrs)

@@ -59,6 +59,10 @@ type QPInfo struct {
 	IRD, ORD  int
 	Terminate *TerminateInfo // in Terminate and Error states
 	Stream    *StreamInfo    // when not Idle
+	// RQLimit and RQLimitArmed are the QP RQ Limit and whether its event
+	// is armed (QPs on an S-RQ, draft §9.2.5.2).
+	RQLimit      int
+	RQLimitArmed bool
 }
 
 // QP is a queue pair handle.
@@ -80,6 +84,11 @@ type QP struct {
 	changed   chan struct{} // closed at every state change
 	rqLimit   int
 	rqArmed   bool
+
+	// srqHeld counts the S-RQ WQEs this QP has taken whose Work Completion
+	// has not been retrieved yet: its messages "in progress" for the QP RQ
+	// Limit (draft §6.3.8, read with §6.3.7).
+	srqHeld atomic.Int32
 
 	mwBound atomic.Int32
 	plugs   atomic.Int32  // Plug nesting: posting does not start transmission
@@ -227,6 +236,9 @@ func (qp *QP) Query() QPInfo {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	info := QPInfo{ID: qp.id, State: qp.state, PD: qp.pd.id, Config: qp.cfg, IRD: qp.ird, ORD: qp.ord}
+	if qp.cfg.SRQ != nil {
+		info.RQLimit, info.RQLimitArmed = qp.rqLimit, qp.rqArmed
+	}
 	if qp.state == StateTerminate || qp.state == StateError {
 		info.Terminate = qp.term
 	}
@@ -299,9 +311,9 @@ func (qp *QP) Modify(next QPState, a ModifyAttrs) error {
 		qp.mu.Unlock()
 		return err
 	case cur == StateIdle && next == StateError:
+		qp.flush() // under qp.mu: no WR can be posted in between
 		qp.setStateLocked(StateError)
 		qp.mu.Unlock()
-		qp.flush()
 		return nil
 	case cur == StateIdle && next == StateRTS:
 		qp.mu.Unlock()
@@ -403,7 +415,9 @@ func (qp *QP) applyAttrsLocked(a *ModifyAttrs) error {
 	return nil
 }
 
-// flush completes every outstanding WQE of the QP with Flushed (draft §6.2.4).
+// flush completes every outstanding WQE of the QP with Flushed (draft
+// §6.2.4). qp.mu is held, so that posting (which checks the state and
+// queues under qp.mu) cannot slip a WR in behind the flush.
 func (qp *QP) flush() {
 	qp.sq.mu.Lock()
 	qp.sq.flushLocked(qp)
@@ -416,6 +430,7 @@ func (qp *QP) flush() {
 }
 
 // flushRQ flushes the receive queue only (graceful close, draft T6/T16).
+// The caller has moved the QP to Closing first, so posting is refused.
 func (qp *QP) flushRQ() {
 	if qp.rq != nil {
 		qp.rq.drain(func(id uint64) {
@@ -450,12 +465,13 @@ func (qp *QP) Destroy() error {
 	return nil
 }
 
-// teardown is Destroy without the bound-window check (device close).
-func (qp *QP) teardown() {
+// teardown is Destroy without the bound-window check (device close). It
+// returns the QP's stream, if it had one, whose goroutines are ending.
+func (qp *QP) teardown() *conn {
 	qp.mu.Lock()
 	if qp.destroyed {
 		qp.mu.Unlock()
-		return
+		return nil
 	}
 	qp.destroyed = true
 	c := qp.conn
@@ -463,4 +479,5 @@ func (qp *QP) teardown() {
 	if c != nil {
 		c.abort(false)
 	}
+	return c
 }

@@ -37,6 +37,9 @@ type rxState struct {
 
 	act      rxAction
 	sawFirst bool
+	// ordFinished counts the outstanding Reads and atomics finished so far (mod
+	// 2^32): the MSN on QN 1 of the oldest still outstanding is ordFinished+1.
+	ordFinished uint32
 }
 
 // rxAction is a segment's deferred effect, applied once its CRC verified.
@@ -125,7 +128,15 @@ func (r *rxState) flushInProgress() {
 	if r.qp.rq != nil {
 		r.qp.rq.done()
 	}
-	r.qp.cfg.RecvCQ.push(WC{ID: r.recv.id, Op: WRRecv, Status: StatusFlushed, QPID: r.qp.id})
+	r.pushRecv(WC{ID: r.recv.id, Op: WRRecv, Status: StatusFlushed, QPID: r.qp.id})
+}
+
+// pushRecv queues the completion of the receive WQE in progress.
+func (r *rxState) pushRecv(wc WC) bool {
+	if r.qp.cfg.SRQ != nil {
+		return r.qp.cfg.RecvCQ.pushHeld(wc, r.qp)
+	}
+	return r.qp.cfg.RecvCQ.push(wc)
 }
 
 // run is the receive loop.
@@ -438,8 +449,12 @@ func (r *rxState) take() bool {
 	if s := qp.cfg.SRQ; s != nil {
 		ok = s.take(&r.recv)
 		if ok {
+			// QP RQ Limit (draft §6.3.8): fire once when more WQEs than the
+			// limit are in progress on this QP (taken, completion not yet
+			// retrieved).
+			held := int(qp.srqHeld.Add(1))
 			qp.mu.Lock()
-			fire := qp.rqArmed && qp.rqLimit < 1
+			fire := qp.rqArmed && held > qp.rqLimit
 			if fire {
 				qp.rqArmed = false
 			}
@@ -631,6 +646,23 @@ func (r *rxState) terminate(payload int) error {
 	return nil
 }
 
+// concerned returns the position in the ORD queue of the Read or Atomic
+// Request whose header a received Terminate echoes, or -1. q.mu is held.
+func (r *rxState) concerned(f *rdmap.TerminateFields) int {
+	if !f.D || len(f.DDPHeader) < ddp.UntaggedHeaderLen || ddp.IsTagged(f.DDPHeader[0]) {
+		return -1
+	}
+	h := ddp.Untagged(f.DDPHeader)
+	if h.QN() != rdmap.QNReadRequest {
+		return -1
+	}
+	k := h.MSN() - 1 - r.ordFinished
+	if k >= uint32(len(r.qp.sq.ord)) {
+		return -1
+	}
+	return int(k)
+}
+
 // atomicResponse handles Atomic Responses (QN 3).
 func (r *rxState) atomicResponse(h ddp.Untagged, payload, n int) error {
 	if payload != rdmap.AtomicResponseLen || !h.Last() || h.MO() != 0 {
@@ -674,7 +706,7 @@ func (r *rxState) completeRecv(st Status, bytes uint32) bool {
 	if qp.rq != nil {
 		qp.rq.done()
 	}
-	return qp.cfg.RecvCQ.push(wc)
+	return r.pushRecv(wc)
 }
 
 // apply performs a verified segment's deferred effects. It reports true when
@@ -761,6 +793,7 @@ func (r *rxState) apply() (rxEnd, bool) {
 // locked and unlocks it.
 func (r *rxState) ordDone(st Status, ok bool) (rxEnd, bool) {
 	q := r.qp.sq
+	r.ordFinished++
 	waiting := q.next != q.tail
 	q.mu.Unlock()
 	if waiting {
@@ -797,8 +830,14 @@ func (r *rxState) writeResult(s SGE, v uint64) Status {
 }
 
 // terminateReceived moves the QP to Terminate on a peer's Terminate (draft
-// T11). The oldest outstanding Read or atomic is the operation the peer most
-// likely refused: it completes with Remote Termination Error, the rest are
+// T11). The WR the Terminate concerns completes with Remote Termination
+// Error, the only status the draft has for it (Fig. 36): what went wrong
+// (a protection error, a remote operation error, ...) is the Terminate's
+// cause, which the consumer reads in the event or with Query QP. That WR is
+// found by the DDP header the Terminate echoes (RFC 5040 §7.1): an RDMA Read
+// or Atomic Request, named by its MSN on QN 1. A Terminate that echoes
+// another message (a Write or a Send, completed when handed to TCP) or none
+// (the peer's local error) concerns no outstanding WR. Every other WR is
 // flushed when the stream ends.
 func (r *rxState) terminateReceived(f rdmap.TerminateFields) {
 	qp := r.qp
@@ -812,10 +851,9 @@ func (r *rxState) terminateReceived(f rdmap.TerminateFields) {
 	qp.mu.Unlock()
 	q := qp.sq
 	q.mu.Lock()
-	if len(q.ord) > 0 && q.ord[0].wqe {
-		idx := q.ord[0].idx
-		q.popORD()
-		q.completeLocked(qp, idx, StatusRemoteTermination)
+	if k := r.concerned(&f); k >= 0 && q.ord[k].wqe {
+		// Its ORD entry stays: the stream ends now and the flush clears it.
+		q.completeLocked(qp, q.ord[k].idx, StatusRemoteTermination)
 	}
 	q.mu.Unlock()
 	c.log.Info("Terminate received", "cause", f.Cause.String())

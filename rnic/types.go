@@ -99,7 +99,7 @@ const (
 	WRWrite
 	WRWriteImm // RDMA Write followed by Immediate Data (RFC 7306 §6)
 	WRRead
-	WRReadInv // RDMA Read with Invalidate Local STag
+	WRReadInv // RDMA Read with Invalidate Local STag (the Read's sink, Local.STag)
 	WRImmediate
 	WRImmediateSE
 	WRFetchAdd // RFC 7306 masked Fetch-and-Add
@@ -149,12 +149,16 @@ type SendWR struct {
 	// SGL is the data source of Sends, Writes and Immediate-less messages.
 	SGL []SGE
 	// Local is the sink of an RDMA Read (whole length) or of an atomic's
-	// original value (8 bytes).
+	// original value (8 bytes). WRReadInv invalidates Local.STag once the
+	// Read Response is placed, before the WR completes (draft §8.1.2.3,
+	// §8.2.2.1: the "Local Address" STag of RDMA Read with Invalidate Local
+	// STag).
 	Local SGE
 	// Remote is the peer buffer of Writes, Reads and atomics.
 	Remote RemoteAddr
-	// InvalidateSTag is the peer STag named by Send with Invalidate; for
-	// WRInvalidate and WRReadInv it is the local STag to invalidate.
+	// InvalidateSTag is the peer STag named by Send with Invalidate
+	// (WRSendInv, WRSendSEInv) and the local STag to invalidate for
+	// WRInvalidate. WRReadInv ignores it (it invalidates Local.STag).
 	InvalidateSTag STag
 	// Imm is the 8 bytes of Immediate Data (WRImmediate*, WRWriteImm).
 	Imm uint64

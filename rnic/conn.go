@@ -354,6 +354,7 @@ func (c *conn) classifyReadErr(err error, atBoundary bool) rxEnd {
 	if c.aborted.Load() {
 		return endAbort
 	}
+	err = c.streamErr(err)
 	if errors.Is(err, io.EOF) && atBoundary {
 		return endEOF
 	}
@@ -361,6 +362,16 @@ func (c *conn) classifyReadErr(err error, atBoundary bool) rxEnd {
 		return endReset
 	}
 	return endLost
+}
+
+// streamErr is what ended the stream when a read failed with err: a failed
+// write closes the connection under the receiver (writeFailed), and then
+// the write's error (say, a reset seen by the transmitter) is the cause.
+func (c *conn) streamErr(err error) error {
+	if werr := c.tx.writeErr.Load(); werr != nil && errors.Is(err, net.ErrClosed) {
+		return *werr
+	}
+	return err
 }
 
 // drain reads and discards until EOF or the close timeout, so the peer's
@@ -420,6 +431,7 @@ func (c *conn) endOfStream(end rxEnd, rerr error) {
 			<-c.txDone
 		}
 	case endReset, endLost:
+		rerr = c.streamErr(rerr)
 		c.setMode(txAbort)
 		c.stopOnce.Do(func() { close(c.stop) })
 		reset(c.nc)

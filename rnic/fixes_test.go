@@ -329,9 +329,13 @@ func TestTerminateBlamesTheRightWR(t *testing.T) {
 		a, b := newPair(t, pairOpts{}, nil)
 		src, _ := b.reg(big, LocalRead|RemoteRead)
 		sink, _ := a.reg(big, LocalWrite|RemoteWrite)
-		a.post(SendWR{ID: 1, Op: WRRead, Local: SGE{STag: sink.STag(), Len: big}, Remote: RemoteAddr{STag: src.STag()}})
-		a.post(SendWR{ID: 2, Op: WRRead, Local: SGE{STag: sink.STag(), Len: 16}, Remote: RemoteAddr{STag: src.STag().WithKey(src.STag().Key() ^ 1)}})
-		a.post(SendWR{ID: 3, Op: WRRead, Local: SGE{STag: sink.STag(), Len: 16}, Remote: RemoteAddr{STag: src.STag()}})
+		// One list: the Terminate may come back before a later PostSend.
+		if n, err := a.qp.PostSend(
+			SendWR{ID: 1, Op: WRRead, Local: SGE{STag: sink.STag(), Len: big}, Remote: RemoteAddr{STag: src.STag()}},
+			SendWR{ID: 2, Op: WRRead, Local: SGE{STag: sink.STag(), Len: 16}, Remote: RemoteAddr{STag: src.STag().WithKey(src.STag().Key() ^ 1)}},
+			SendWR{ID: 3, Op: WRRead, Local: SGE{STag: sink.STag(), Len: 16}, Remote: RemoteAddr{STag: src.STag()}}); n != 3 || err != nil {
+			t.Fatalf("posted %d: %v", n, err)
+		}
 		for _, want := range []struct {
 			id uint64
 			st Status

@@ -84,8 +84,11 @@ func newSide(t testing.TB, name string, o pairOpts) *side {
 	if qc.IRD == 0 {
 		qc.IRD = 8
 	}
-	if qc.ORD == 0 {
+	switch {
+	case qc.ORD == 0:
 		qc.ORD = 8
+	case qc.ORD < 0: // a QP with ORD 0
+		qc.ORD = 0
 	}
 	if !o.qp.InboundRead && !o.qp.InboundWrite && !o.qp.InboundAtomic && !o.qp.BindMW && !o.qp.Privileged {
 		qc.InboundRead, qc.InboundWrite, qc.InboundAtomic, qc.BindMW, qc.Privileged = true, true, true, true, true

@@ -208,11 +208,13 @@ func (s *SRQ) Modify(maxWR int, limit int, arm bool) error {
 		}
 		newMax = maxWR
 	}
+	if (arm || s.limitArmed) && newMax < limit {
+		// Draft §6.3.8: an armed limit above the new size is an invalid
+		// input modifier (Fig. 31 calls it "S-RQ Limit out of range").
+		return fmt.Errorf("rnic: modify S-RQ: %w: %w", ErrInvalidModifier, ErrSRQLimit)
+	}
 	if limit < 0 || limit > newMax {
 		return fmt.Errorf("rnic: modify S-RQ: %w", ErrSRQLimit)
-	}
-	if arm && newMax < limit {
-		return fmt.Errorf("rnic: modify S-RQ: %w", ErrInvalidModifier)
 	}
 	if maxWR > 0 {
 		if err := s.q.resize(maxWR); err != nil {

@@ -327,3 +327,48 @@ func TestPageListRegion(t *testing.T) {
 		}
 	}
 }
+
+// TestSRQModify: S-RQ resize with WRs outstanding (draft §6.3.2), refused
+// below them; an armed limit above the new size is an invalid input
+// modifier (§6.3.8); Destroy with WRs posted (they vanish).
+func TestSRQModify(t *testing.T) {
+	d, pd, _, _, mr, _ := idleQP(t, 4, 4)
+	srq, err := d.CreateSRQ(pd, 8, 1, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.CreateSRQ(pd, 8, 1, 9); !errors.Is(err, ErrSRQLimit) {
+		t.Fatalf("limit above the size at create: %v", err)
+	}
+	for i := 0; i < 6; i++ {
+		if _, err := srq.Post(RecvWR{ID: uint64(i), SGL: []SGE{{STag: mr.STag(), Len: 8}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := srq.Modify(5, 0, false); !errors.Is(err, ErrShrink) {
+		t.Fatalf("shrink below the 6 posted: %v", err)
+	}
+	if err := srq.Modify(6, 7, false); !errors.Is(err, ErrInvalidModifier) {
+		t.Fatalf("armed limit 4 kept, new limit 7 above the new size 6: %v", err)
+	}
+	if err := srq.Modify(16, 4, false); err != nil {
+		t.Fatal(err)
+	}
+	if q := srq.Query(); q.MaxWR != 16 || q.Available != 6 || !q.LimitArmed || q.Limit != 4 {
+		t.Fatalf("after resize %+v", q)
+	}
+	for i := 6; i < 16; i++ {
+		if _, err := srq.Post(RecvWR{ID: uint64(i)}); err != nil {
+			t.Fatalf("post %d after growing: %v", i, err)
+		}
+	}
+	if _, err := srq.Post(RecvWR{ID: 16}); !errors.Is(err, ErrTooManyWRs) {
+		t.Fatalf("S-RQ overflow: %v", err)
+	}
+	if err := srq.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srq.Post(RecvWR{ID: 17}); !errors.Is(err, ErrInvalidSRQ) {
+		t.Fatalf("post to a destroyed S-RQ: %v", err)
+	}
+}

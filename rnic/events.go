@@ -45,6 +45,10 @@ const (
 	EventUnexpectedResponse
 	EventCQSQError
 	EventCQRQError
+	// EventSRQErrorOnQP, EventLocalQPCatastrophic, EventCQOperationError,
+	// EventSRQCatastrophic and EventRNICCatastrophic complete the draft's
+	// list but are never raised: nothing in a software RNIC triggers them
+	// (rnic/CHECKLIST.md, C13).
 	EventSRQErrorOnQP
 	EventLocalQPCatastrophic
 	EventQPRQLimitReached

@@ -355,6 +355,14 @@ func (c *conn) classifyReadErr(err error, atBoundary bool) rxEnd {
 		return endAbort
 	}
 	err = c.streamErr(err)
+	if errors.Is(err, io.EOF) {
+		// Only while we have not shut down our side: after both FINs the
+		// kernel shows the same CLOSE state as after a reset.
+		if txMode(c.mode.Load()) == txRun && peerReset(c.nc) {
+			return endReset // the transmitter's write took the reset's error
+		}
+		err = c.streamErr(err) // the transmitter may have recorded its failure meanwhile
+	}
 	if errors.Is(err, io.EOF) && atBoundary {
 		return endEOF
 	}
@@ -367,9 +375,13 @@ func (c *conn) classifyReadErr(err error, atBoundary bool) rxEnd {
 // streamErr is what ended the stream when a read failed with err: a failed
 // write closes the connection under the receiver (writeFailed), and then
 // the write's error (say, a reset seen by the transmitter) is the cause.
+// The read may also have returned EOF: after a reset whose error the write
+// took, the kernel reports end of stream to the next read.
 func (c *conn) streamErr(err error) error {
-	if werr := c.tx.writeErr.Load(); werr != nil && errors.Is(err, net.ErrClosed) {
-		return *werr
+	if errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) {
+		if werr := c.tx.writeErr.Load(); werr != nil {
+			return *werr
+		}
 	}
 	return err
 }

@@ -435,10 +435,18 @@ func TestModifyRTSToError(t *testing.T) {
 	if len(wcs) != 3 {
 		t.Fatalf("%d send completions when Modify returned: %+v", len(wcs), wcs)
 	}
+	flushed := 0
 	for _, wc := range wcs {
-		if wc.Status != StatusFlushed {
+		switch wc.Status {
+		case StatusFlushed:
+			flushed++
+		case StatusSuccess: // a loaded machine may finish the first one
+		default:
 			t.Fatalf("read %+v", wc)
 		}
+	}
+	if flushed < 2 {
+		t.Fatalf("reads %+v: the outstanding ones must be flushed", wcs)
 	}
 	flushedRecvs(t, a, 3)
 	b.waitEvent(EventLLPConnectionReset)

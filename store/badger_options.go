@@ -29,7 +29,8 @@ type BadgerOptions struct {
 	BlockCacheSize int64
 	IndexCacheSize int64
 	// ValueLogFileSize is the size of one value log file, the unit of value
-	// log GC; 0 means 128 MiB.
+	// log GC; 0 means 32 MiB. The file being appended to stays mapped whole
+	// (see MappedBudget), so this also bounds that part of the RSS.
 	ValueLogFileSize int64
 
 	// MappedBudget bounds the file-backed part of the process's RSS: badger
@@ -54,7 +55,7 @@ const (
 	defaultNumMemtables     = 2
 	defaultBlockCacheSize   = 8 << 20
 	defaultIndexCacheSize   = 16 << 20
-	defaultValueLogFileSize = 128 << 20
+	defaultValueLogFileSize = 32 << 20
 	defaultMappedBudget     = 96 << 20
 	defaultGCInterval       = time.Minute
 	defaultGCDiscardRatio   = 0.5

@@ -75,25 +75,25 @@
 // # Memory budget
 //
 // The defaults keep a fully written 1 GiB volume at roughly 256 MiB of RSS
-// (measured by TestBadgerRSS1GiB: VmHWM about 210-240 MiB while writing
-// and reading 1 GiB, of which at most about 90 MiB anonymous): 16 MiB memtables
-// (at most 2), 8 MiB block cache, 16 MiB index cache, no compression, 2
-// compactors, 128 MiB value log files, and a value threshold of 1 KiB so
-// every block value lives in the value log and the LSM tree holds only
-// keys and value pointers. badger reads and writes its value log through
-// mmap, and every page touched stays mapped, and counted in the RSS, until
-// the kernel needs memory (a read fault maps up to 16 neighbouring cached
-// pages too). So, checked every 256 KiB of block I/O, when the process's
-// file-backed RSS exceeds BadgerOptions.MappedBudget (96 MiB) the store
-// takes the value log pages out of the process (pageOutValueLogs): the
-// finished value log files with MADV_DONTNEED, which leaves their pages in
-// the page cache (a later read costs a minor fault, not a disk read); the
-// file badger appends to, which it may remap at any moment, with
-// MADV_PAGEOUT, which is safe whatever the range holds then but evicts the
-// pages. Value log GC, the only deleter of finished files, never runs at
-// the same time. The cost is the faults: on random 4 KiB reads of a 256 MiB
-// working set, about twice the CPU per read of MappedBudget -1, which
-// turns this off (rtarget serve --mapped-budget off).
+// (TestBadgerRSS1GiB measures it, writing and reading 1 GiB): 16 MiB
+// memtables (at most 2), 8 MiB block cache, 16 MiB index cache, no
+// compression, 2 compactors, 32 MiB value log files, and a value threshold
+// of 1 KiB so every block value lives in the value log and the LSM tree
+// holds only keys and value pointers. badger reads and writes its value
+// log through mmap, and every page touched stays mapped, and counted in
+// the RSS, until the kernel needs memory (a read fault maps up to 16
+// neighbouring cached pages too). So, checked every 256 KiB of block I/O,
+// when the process's file-backed RSS exceeds BadgerOptions.MappedBudget
+// (96 MiB) the store takes the pages of the finished value log files out
+// of the process with MADV_DONTNEED (pageOutValueLogs), which leaves them
+// in the page cache: a later read costs a minor fault, not a disk read.
+// The file badger appends to is left alone (badger may remap it at any
+// moment); the value log file size bounds its share. Value log GC, the only
+// deleter of finished files, never runs at the same time. The cost is the
+// faults: random reads over a working set larger than the budget fault
+// their pages back in; MappedBudget -1 turns this off (rtarget serve
+// --mapped-budget off), and the RSS then grows with the page cache the
+// volume uses.
 //
 // Value log GC runs every GCInterval (one minute) in a goroutine owned by
 // the store, so space of overwritten and trimmed blocks is reclaimed;

@@ -11,12 +11,6 @@ import (
 	"syscall"
 )
 
-// madvPageout is MADV_PAGEOUT (Linux 5.4+): reclaim the pages of a range.
-// Unlike MADV_DONTNEED it never changes memory contents, whatever the range
-// holds by the time the call runs, so racing with badger's own mmap and
-// munmap calls is harmless. But reclaimed pages leave the page cache too.
-const madvPageout = 21
-
 // mappedFileRSS returns the file-backed resident memory of the process in
 // bytes (RssFile of /proc/self/status).
 func mappedFileRSS() (int64, error) {
@@ -37,8 +31,8 @@ func mappedFileRSS() (int64, error) {
 	return 0, fmt.Errorf("no RssFile in /proc/self/status")
 }
 
-// pageOutValueLogs takes the pages of the value log files in dir (an
-// absolute path without symlinks) that badger has mapped out of this
+// pageOutValueLogs takes the pages of the finished value log files in dir
+// (an absolute path without symlinks) that badger has mapped out of this
 // process's RSS: written or read pages stay mapped, and counted in the RSS,
 // until the kernel needs the memory. It returns how many mappings it
 // advised. The caller must hold badgerBackend.mapMu, which keeps value log
@@ -51,9 +45,11 @@ func mappedFileRSS() (int64, error) {
 // in the page cache (dirty ones are written back as usual): a later read
 // is a minor fault, not a disk read. The newest file is the one badger
 // appends to, and grows and remaps (mremap) while it does, so its range may
-// hold something else by the time the call runs; MADV_DONTNEED there could
-// zero an anonymous mapping that took its place. It gets MADV_PAGEOUT,
-// which is harmless on any memory but evicts the pages from the page cache.
+// hold something else by the time the call runs, and MADV_DONTNEED there
+// could zero an anonymous mapping that took its place: it is left alone.
+// (MADV_PAGEOUT would be safe on any memory, but it evicts the pages from
+// the page cache, and what was just written would then be read back from
+// disk.) Its share of the RSS is bounded by the value log file size.
 func pageOutValueLogs(dir string) (int, error) {
 	f, err := os.Open("/proc/self/maps")
 	if err != nil {
@@ -102,11 +98,10 @@ func pageOutValueLogs(dir string) (int, error) {
 	}
 	n := 0
 	for _, m := range maps {
-		advice := uintptr(syscall.MADV_DONTNEED)
 		if m.fid == newest {
-			advice = madvPageout
+			continue
 		}
-		_, _, errno := syscall.Syscall(syscall.SYS_MADVISE, uintptr(m.start), uintptr(m.end-m.start), advice)
+		_, _, errno := syscall.Syscall(syscall.SYS_MADVISE, uintptr(m.start), uintptr(m.end-m.start), syscall.MADV_DONTNEED)
 		if errno != 0 {
 			return n, fmt.Errorf("madvise %s: %w", m.path, errno)
 		}

@@ -17,14 +17,21 @@ type badgerDevice struct {
 // read looks every block up in one read transaction (a consistent
 // snapshot); absent blocks read as zeros.
 func (d *badgerDevice) read(ctx context.Context, lba uint64, dst []byte) error {
-	defer d.b.noteIO(len(dst))
 	key := newBlockKey(d.id, lba)
+	if blocks := len(dst) / BlockSize; blocks > 0 {
+		// The loop counts every readCheckBlocks blocks as it goes; the
+		// rest here.
+		defer d.b.noteRead(blocks - (blocks-1)/readCheckBlocks*readCheckBlocks)
+	}
 	return d.b.db.View(func(txn *badger.Txn) error {
 		for i := 0; i < len(dst); i += BlockSize {
 			if i%(256*BlockSize) == 0 && i > 0 {
 				if err := ctx.Err(); err != nil {
 					return err
 				}
+			}
+			if b := i / BlockSize; b > 0 && b%readCheckBlocks == 0 {
+				d.b.noteRead(readCheckBlocks)
 			}
 			n := lba + uint64(i/BlockSize)
 			out := dst[i : i+BlockSize]
@@ -50,7 +57,7 @@ func (d *badgerDevice) read(ctx context.Context, lba uint64, dst []byte) error {
 // blocks than a transaction can take (more than MaxAtomicWrite bytes can
 // be), in which case each transaction-sized piece is atomic.
 func (d *badgerDevice) write(ctx context.Context, lba uint64, src []byte, fua bool) error {
-	defer d.b.noteIO(len(src))
+	defer d.b.noteWrite(len(src))
 	per := d.b.txnBlocks * BlockSize
 	for len(src) > 0 {
 		n := min(len(src), per)

@@ -5,25 +5,64 @@ import (
 	"time"
 )
 
-// trimCheckBytes is how much block I/O passes between two checks of the
-// mapped-file budget; trimCheckInterval bounds the time between checks.
+// The mapped-file budget is checked whenever trimCheckBytes more value log
+// memory may have been mapped, and at least every trimCheckInterval. A
+// block written maps about its own 4 KiB; a block read can map 16 pages
+// (the kernel maps cached neighbours of a faulting page too), so it counts
+// readMapFactor times. Reads check on the spot, every readCheckBlocks
+// blocks, so concurrent large reads cannot run far past the budget before
+// the trimmer goroutine gets to run.
 const (
-	trimCheckBytes    = 256 << 10
+	trimCheckBytes    = 4 << 20
 	trimCheckInterval = time.Second
+	readMapFactor     = 16
+	readCheckBlocks   = 64
 )
 
-// noteIO counts n bytes of block I/O and wakes the trimmer every
+// noteWrite counts n bytes written and wakes the trimmer every
 // trimCheckBytes.
-func (b *badgerBackend) noteIO(n int) {
+func (b *badgerBackend) noteWrite(n int) {
 	if b.opts.MappedBudget < 0 {
 		return
 	}
-	total := b.ioBytes.Add(int64(n))
-	if total/trimCheckBytes != (total-int64(n))/trimCheckBytes {
+	if b.countMapped(n) {
 		select {
 		case b.trimKick <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// noteRead counts blocks read and checks the budget on the spot every
+// trimCheckBytes (unless a check or value log GC is running already).
+func (b *badgerBackend) noteRead(blocks int) {
+	if b.opts.MappedBudget < 0 {
+		return
+	}
+	if b.countMapped(blocks * BlockSize * readMapFactor) {
+		if b.mapMu.TryLock() {
+			b.trimIfOver()
+			b.mapMu.Unlock()
+		}
+	}
+}
+
+// countMapped adds n bytes that may have been mapped and reports whether
+// a multiple of trimCheckBytes was crossed.
+func (b *badgerBackend) countMapped(n int) bool {
+	total := b.ioBytes.Add(int64(n))
+	return total/trimCheckBytes != (total-int64(n))/trimCheckBytes
+}
+
+// trimIfOver pages out the finished value logs if the process's
+// file-backed RSS is over budget (b.mapMu held).
+func (b *badgerBackend) trimIfOver() {
+	rss, err := mappedFileRSS()
+	if err != nil || rss <= b.opts.MappedBudget {
+		return
+	}
+	if _, err := pageOutValueLogs(b.dir); err != nil {
+		b.log.Warn("paging out value log mappings", "err", err)
 	}
 }
 
@@ -45,15 +84,8 @@ func (b *badgerBackend) trimMapped(ctx context.Context) {
 		case <-b.trimKick:
 		case <-t.C:
 		}
-		rss, err := mappedFileRSS()
-		if err != nil || rss <= b.opts.MappedBudget {
-			continue
-		}
 		b.mapMu.Lock()
-		_, err = pageOutValueLogs(b.dir)
+		b.trimIfOver()
 		b.mapMu.Unlock()
-		if err != nil {
-			b.log.Warn("paging out value log mappings", "err", err)
-		}
 	}
 }

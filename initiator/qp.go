@@ -168,6 +168,9 @@ func (q *iqp) relBuf(i int) ([]byte, uint64) {
 	return q.txBuf[o : o+cmdArea], uint64(o)
 }
 
+// idle reports whether no exchange and no atomic is in flight on the QP.
+func (q *iqp) idle() bool { return len(q.free) == len(q.slots) && len(q.afree) == numAtoms }
+
 func (q *iqp) isDead() bool {
 	select {
 	case <-q.dead:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/rnic-dev/rnic/blockproto"
 	"github.com/rnic-dev/rnic/rnic"
@@ -149,8 +150,27 @@ func (s *session) isDead() bool {
 // close resets every QP, waits for the pollers and frees everything.
 func (s *session) close() {
 	s.closeOnce.Do(func() {
+		// A QP with nothing in flight is closed gracefully (its
+		// connection ends with FIN, the target sees an orderly close);
+		// one still busy, or one that does not get to Idle in time, is
+		// reset. Either way it ends in Error, which flushes the
+		// receives and so stops its poller.
+		var closing []*iqp
 		for _, q := range s.qps {
-			if q.qp.State() == rnic.StateRTS {
+			if q.qp.State() != rnic.StateRTS {
+				continue
+			}
+			if q.idle() && q.qp.Modify(rnic.StateClosing, rnic.ModifyAttrs{}) == nil {
+				closing = append(closing, q)
+			} else {
+				q.qp.Modify(rnic.StateError, rnic.ModifyAttrs{})
+			}
+		}
+		for _, q := range closing {
+			ctx, cancel := context.WithTimeout(context.Background(), gracefulClose)
+			q.qp.WaitState(ctx, rnic.StateIdle, rnic.StateError)
+			cancel()
+			if st := q.qp.State(); st == rnic.StateIdle || st == rnic.StateRTS || st == rnic.StateClosing {
 				q.qp.Modify(rnic.StateError, rnic.ModifyAttrs{})
 			}
 		}
@@ -168,6 +188,9 @@ func (s *session) close() {
 		}
 	})
 }
+
+// gracefulClose bounds the wait for an orderly close of a session's QP.
+const gracefulClose = 2 * time.Second
 
 // onGoodbye records a GOODBYE: once every QP got a synced one, every
 // write this session acknowledged is durable.

@@ -3,6 +3,7 @@ package rnic
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -253,14 +254,15 @@ func (qp *QP) Query() QPInfo {
 	return info
 }
 
-// WaitState blocks until the QP is in state s or ctx ends (a non-verbs
-// helper, draft C15 #7: the way to wait for Error or Idle).
-func (qp *QP) WaitState(ctx context.Context, s QPState) error {
+// WaitState blocks until the QP is in state s, or in one of the others
+// given, or ctx ends (a non-verbs helper, draft C15 #7: the way to wait for
+// Error or Idle).
+func (qp *QP) WaitState(ctx context.Context, s QPState, or ...QPState) error {
 	for {
 		qp.mu.Lock()
 		st, ch := qp.state, qp.changed
 		qp.mu.Unlock()
-		if st == s {
+		if st == s || slices.Contains(or, st) {
 			return nil
 		}
 		select {

@@ -232,7 +232,11 @@ func (q *qconn) handle(wcs []rnic.WC) bool {
 // lost ends the session because this QP's connection is gone.
 func (q *qconn) lost() {
 	q.markDead()
-	go q.sess.end("connection lost")
+	reason := "connection lost"
+	if q.qp.State() == rnic.StateIdle {
+		reason = "initiator closed the connection" // an orderly close (FIN both ways)
+	}
+	go q.sess.end(reason)
 }
 
 // protocolError ends the session for a peer's protocol violation.

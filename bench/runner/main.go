@@ -16,8 +16,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -659,7 +661,9 @@ func pick(all []system, names []string) []system {
 }
 
 // profileRun profiles rinit and rtarget (memory store) under the 4K random
-// read QD16 job and returns pprof's top functions of each.
+// read QD16 job and returns pprof's top functions of each. The profiles are
+// taken over HTTP (rtarget --metrics-listen, rinit --debug-listen) while the
+// job runs, so the fill before it is not in them.
 func profileRun(ctx context.Context, bin string, o options, work string, log *slog.Logger) (string, error) {
 	log.Info("CPU profile under randread-4k-qd16")
 	sys := allSystems(bin, o.size, o.cpus)[0]
@@ -667,25 +671,46 @@ func profileRun(ctx context.Context, bin string, o options, work string, log *sl
 	if err != nil {
 		return "", err
 	}
-	tprof, iprof := filepath.Join(o.out, "rtarget.pprof"), filepath.Join(o.out, "rinit.pprof")
-	procs, uri, err := sys.start(dir, work, map[string][]string{"rtarget": {"--cpu-profile", tprof}, "rinit": {"--cpu-profile", iprof}})
+	mp, err := freePort()
 	if err != nil {
-		for _, p := range procs {
-			p.stop()
-		}
 		return "", err
 	}
-	_, ferr := fio(ctx, filepath.Join(o.jobsDir, "fill.fio"), uri, o)
-	if ferr == nil {
-		po := o
-		po.runtime = max(o.runtime, 5)
-		_, ferr = fio(ctx, filepath.Join(o.jobsDir, "randread-4k-qd16.fio"), uri, po)
+	dp, err := freePort()
+	if err != nil {
+		return "", err
 	}
-	for i := len(procs) - 1; i >= 0; i-- {
-		procs[i].stop()
+	maddr, daddr := "127.0.0.1:"+strconv.Itoa(mp), "127.0.0.1:"+strconv.Itoa(dp)
+	procs, uri, err := sys.start(dir, work, map[string][]string{"rtarget": {"--metrics-listen", maddr}, "rinit": {"--debug-listen", daddr}})
+	defer func() {
+		for i := len(procs) - 1; i >= 0; i-- {
+			procs[i].stop()
+		}
+	}()
+	if err != nil {
+		return "", err
 	}
-	if ferr != nil {
-		return "", ferr
+	if _, err := fio(ctx, filepath.Join(o.jobsDir, "fill.fio"), uri, o); err != nil {
+		return "", err
+	}
+	const seconds = 6
+	po := o
+	po.runtime, po.ramp = seconds+3, 1
+	tprof, iprof := filepath.Join(o.out, "rtarget.pprof"), filepath.Join(o.out, "rinit.pprof")
+	errs := make(chan error, 3)
+	go func() {
+		_, err := fio(ctx, filepath.Join(o.jobsDir, "randread-4k-qd16.fio"), uri, po)
+		errs <- err
+	}()
+	time.Sleep(2 * time.Second) // past fio's start and ramp
+	for _, p := range []struct{ addr, file string }{{maddr, tprof}, {daddr, iprof}} {
+		go func() {
+			errs <- fetch(ctx, "http://"+p.addr+"/debug/pprof/profile?seconds="+strconv.Itoa(seconds), p.file)
+		}()
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			return "", err
+		}
 	}
 	var sb strings.Builder
 	for _, p := range []struct{ name, bin, prof string }{{"rinit", filepath.Join(bin, "rinit"), iprof}, {"rtarget", filepath.Join(bin, "rtarget"), tprof}} {
@@ -696,6 +721,31 @@ func profileRun(ctx context.Context, bin string, o options, work string, log *sl
 		fmt.Fprintf(&sb, "### %s\n\n```\n%s```\n\n", p.name, trimPprof(string(out)))
 	}
 	return sb.String(), nil
+}
+
+// fetch saves the body of url in file.
+func fetch(ctx context.Context, url, file string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("fetch %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("fetch %s: %s", url, resp.Status)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return fmt.Errorf("fetch %s: %w", url, err)
+	}
+	return f.Close()
 }
 
 func trimPprof(s string) string {

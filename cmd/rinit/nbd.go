@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -28,6 +29,8 @@ func nbdCommand() *cli.Command {
 		&cli.StringFlag{Name: "export-name", Usage: "NBD export name (default: the volume name; clients asking for \"\" get it too)",
 			EnvVars: []string{"RINIT_EXPORT_NAME"}},
 		&cli.BoolFlag{Name: "read-only", Usage: "export read-only", EnvVars: []string{"RINIT_READ_ONLY"}},
+		&cli.StringFlag{Name: "debug-listen", Usage: "serve Go's runtime profiles (/debug/pprof/) on this HTTP address, e.g. 127.0.0.1:6060",
+			EnvVars: []string{"RINIT_DEBUG_LISTEN"}},
 	)
 	return &cli.Command{
 		Name:  "nbd",
@@ -123,6 +126,18 @@ func runNBD(c *cli.Context) error {
 		return fmt.Errorf("--listen: %w", err)
 	}
 	defer ln.Close()
+	if da := c.String("debug-listen"); da != "" {
+		dl, err := net.Listen("tcp", da)
+		if err != nil {
+			return fmt.Errorf("--debug-listen: %w", err)
+		}
+		mux := http.NewServeMux()
+		clix.AddPprof(mux)
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(dl)
+		defer srv.Close()
+		log.Info("debug", "addr", dl.Addr().String())
+	}
 	cl, err := connect(c, log)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/rnic-dev/rnic/cmd/internal/clix"
 	"log/slog"
 	"net/http"
 	"time"
@@ -37,6 +38,7 @@ func metricsHandler(t *target.Target, st store.Store, log *slog.Logger) http.Han
 			log.Debug("metrics write", "err", err)
 		}
 	})
+	clix.AddPprof(mux)
 	return mux
 }
 

@@ -30,7 +30,7 @@ func serveCommand() *cli.Command {
 		&cli.StringFlag{Name: "secret-file", Usage: "file holding the pre-shared secret initiators authenticate with",
 			EnvVars: []string{"RTARGET_SECRET_FILE"}},
 		&cli.BoolFlag{Name: "insecure", Usage: "allow a non-loopback listener without a secret", EnvVars: []string{"RTARGET_INSECURE"}},
-		&cli.StringFlag{Name: "metrics-listen", Usage: "serve Prometheus /metrics and /healthz on this HTTP address",
+		&cli.StringFlag{Name: "metrics-listen", Usage: "serve Prometheus /metrics, /healthz and Go's /debug/pprof/ on this HTTP address",
 			EnvVars: []string{"RTARGET_METRICS_LISTEN"}},
 		&cli.DurationFlag{Name: "drain-timeout", Value: 30 * time.Second, Usage: "on SIGTERM, how long to wait for requests in flight",
 			EnvVars: []string{"RTARGET_DRAIN_TIMEOUT"}},

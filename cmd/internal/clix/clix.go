@@ -15,6 +15,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	httppprof "net/http/pprof"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -370,6 +372,18 @@ func ApplyCPUs(c *cli.Context) error {
 		runtime.GOMAXPROCS(n)
 	}
 	return nil
+}
+
+// AddPprof serves Go's runtime profiles (net/http/pprof) under
+// /debug/pprof/ on mux: CPU, heap, goroutines, blocking. They show the
+// program's internals, so they are only on listeners the operator opened
+// for it (rtarget --metrics-listen, rinit --debug-listen).
+func AddPprof(mux *http.ServeMux) {
+	mux.HandleFunc("/debug/pprof/", httppprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", httppprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", httppprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", httppprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", httppprof.Trace)
 }
 
 // ProfileFlag is --cpu-profile: write a CPU profile of the whole run to a

@@ -39,7 +39,9 @@ func (b *badgerBackend) runGC(ctx context.Context) int {
 	n := 0
 	for ctx.Err() == nil {
 		b.mapMu.Lock() // GC deletes value log files: not while they are being paged out
+		b.inGC.Store(true)
 		err := b.db.RunValueLogGC(b.opts.GCDiscardRatio)
+		b.inGC.Store(false)
 		b.mapMu.Unlock()
 		switch {
 		case err == nil:

@@ -7,16 +7,16 @@ import (
 
 // The mapped-file budget is checked whenever trimCheckBytes more value log
 // memory may have been mapped, and at least every trimCheckInterval. A
-// block written maps about its own 4 KiB; a block read can map 16 pages
-// (the kernel maps cached neighbours of a faulting page too), so it counts
-// readMapFactor times. Reads check on the spot, every readCheckBlocks
-// blocks, so concurrent large reads cannot run far past the budget before
-// the trimmer goroutine gets to run.
+// block written maps about its own 4 KiB. A block read can fault twice (a
+// value may span two pages) and each fault maps up to 16 cached pages
+// around it, so it counts readMapFactor times. Reads check on the spot,
+// every readCheckBlocks blocks, and wait for a check under way (see trim),
+// so concurrent large reads cannot run far past the budget.
 const (
 	trimCheckBytes    = 4 << 20
 	trimCheckInterval = time.Second
-	readMapFactor     = 16
-	readCheckBlocks   = 64
+	readMapFactor     = 64
+	readCheckBlocks   = 16
 )
 
 // noteWrite counts n bytes written and wakes the trimmer every
@@ -40,10 +40,27 @@ func (b *badgerBackend) noteRead(blocks int) {
 		return
 	}
 	if b.countMapped(blocks * BlockSize * readMapFactor) {
-		if b.mapMu.TryLock() {
-			b.trimIfOver()
-			b.mapMu.Unlock()
-		}
+		b.trim()
+	}
+}
+
+// trim pages out the finished value logs if the process's file-backed RSS
+// is over budget. Callers queue on checkMu: a trim takes milliseconds
+// (madvise zaps hundreds of MiB of mappings) and readers that went on
+// faulting pages meanwhile ran the RSS 50-90 MiB past the budget. The
+// trim normally uses MADV_DONTNEED under mapMu. Value log GC holds mapMu
+// for as long as it rewrites a file (seconds under load): then it evicts
+// with MADV_PAGEOUT, which needs no lock.
+func (b *badgerBackend) trim() {
+	b.checkMu.Lock()
+	defer b.checkMu.Unlock()
+	if b.mapMu.TryLock() {
+		b.trimIfOver(false)
+		b.mapMu.Unlock()
+		return
+	}
+	if b.inGC.Load() {
+		b.trimIfOver(true)
 	}
 }
 
@@ -55,13 +72,13 @@ func (b *badgerBackend) countMapped(n int) bool {
 }
 
 // trimIfOver pages out the finished value logs if the process's
-// file-backed RSS is over budget (b.mapMu held).
-func (b *badgerBackend) trimIfOver() {
+// file-backed RSS is over budget (b.mapMu held unless evict).
+func (b *badgerBackend) trimIfOver(evict bool) {
 	rss, err := mappedFileRSS()
 	if err != nil || rss <= b.opts.MappedBudget {
 		return
 	}
-	if _, err := pageOutValueLogs(b.dir); err != nil {
+	if _, err := pageOutValueLogs(b.dir, evict); err != nil {
 		b.log.Warn("paging out value log mappings", "err", err)
 	}
 }
@@ -84,8 +101,6 @@ func (b *badgerBackend) trimMapped(ctx context.Context) {
 		case <-b.trimKick:
 		case <-t.C:
 		}
-		b.mapMu.Lock()
-		b.trimIfOver()
-		b.mapMu.Unlock()
+		b.trim()
 	}
 }

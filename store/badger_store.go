@@ -48,9 +48,13 @@ type badgerBackend struct {
 
 	ioBytes  atomic.Int64  // block bytes read and written
 	trimKick chan struct{} // wakes trimMapped
-	// mapMu is held while the value log mappings are paged out and while
-	// value log GC runs (pageOutValueLogs).
-	mapMu    sync.Mutex
+	// mapMu is held while the value log mappings are paged out with
+	// MADV_DONTNEED and while value log GC runs (pageOutValueLogs).
+	mapMu sync.Mutex
+	// checkMu serializes budget checks (see trim); inGC is set while
+	// value log GC runs, when trims evict instead.
+	checkMu  sync.Mutex
+	inGC     atomic.Bool
 	trimDone chan struct{} // closed when trimMapped returns
 }
 

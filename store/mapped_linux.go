@@ -11,6 +11,9 @@ import (
 	"syscall"
 )
 
+// madvPageout is MADV_PAGEOUT (Linux 5.4), which package syscall lacks.
+const madvPageout = 21
+
 // mappedFileRSS returns the file-backed resident memory of the process in
 // bytes (RssFile of /proc/self/status).
 func mappedFileRSS() (int64, error) {
@@ -50,7 +53,13 @@ func mappedFileRSS() (int64, error) {
 // (MADV_PAGEOUT would be safe on any memory, but it evicts the pages from
 // the page cache, and what was just written would then be read back from
 // disk.) Its share of the RSS is bounded by the value log file size.
-func pageOutValueLogs(dir string) (int, error) {
+//
+// With evict set it uses MADV_PAGEOUT instead, which is safe whatever the
+// range holds by then (it only reclaims: anonymous pages keep their
+// contents, file pages are written back first) and so needs no mapMu; it
+// also drops the pages from the page cache, so a later read goes to the
+// disk. The store uses it only while value log GC runs (see trim).
+func pageOutValueLogs(dir string, evict bool) (int, error) {
 	f, err := os.Open("/proc/self/maps")
 	if err != nil {
 		return 0, err
@@ -101,7 +110,11 @@ func pageOutValueLogs(dir string) (int, error) {
 		if m.fid == newest {
 			continue
 		}
-		_, _, errno := syscall.Syscall(syscall.SYS_MADVISE, uintptr(m.start), uintptr(m.end-m.start), syscall.MADV_DONTNEED)
+		advice := uintptr(syscall.MADV_DONTNEED)
+		if evict {
+			advice = madvPageout
+		}
+		_, _, errno := syscall.Syscall(syscall.SYS_MADVISE, uintptr(m.start), uintptr(m.end-m.start), advice)
 		if errno != 0 {
 			return n, fmt.Errorf("madvise %s: %w", m.path, errno)
 		}

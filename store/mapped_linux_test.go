@@ -23,7 +23,7 @@ func TestPageOutValueLogs(t *testing.T) {
 	}
 	b := badgerOf(s)
 	b.mapMu.Lock()
-	n, err := pageOutValueLogs(b.dir)
+	n, err := pageOutValueLogs(b.dir, false)
 	b.mapMu.Unlock()
 	if err != nil {
 		t.Fatal(err)
@@ -32,6 +32,11 @@ func TestPageOutValueLogs(t *testing.T) {
 		t.Fatalf("%d finished value log mappings advised, want at least 2 (4 MiB in 1 MiB files)", n)
 	}
 	equalBlocks(t, "after page-out", 0, mustRead(t, v, 0, 1024), data)
+	// The eviction used while value log GC runs: no lock, same files.
+	if n2, err := pageOutValueLogs(b.dir, true); err != nil || n2 != n {
+		t.Fatalf("evicting: %d mappings, %v; want %d", n2, err, n)
+	}
+	equalBlocks(t, "after eviction", 0, mustRead(t, v, 0, 1024), data)
 	if rss, err := mappedFileRSS(); err != nil || rss <= 0 {
 		t.Fatalf("mappedFileRSS = %d, %v", rss, err)
 	}

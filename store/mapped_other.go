@@ -4,5 +4,5 @@ package store
 
 // mappedFileRSS and pageOutValueLogs are Linux-only; elsewhere the store
 // does not trim its mapped value log pages.
-func mappedFileRSS() (int64, error)            { return 0, nil }
-func pageOutValueLogs(dir string) (int, error) { return 0, nil }
+func mappedFileRSS() (int64, error)                        { return 0, nil }
+func pageOutValueLogs(dir string, evict bool) (int, error) { return 0, nil }

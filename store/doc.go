@@ -82,14 +82,19 @@
 // holds only keys and value pointers. badger reads and writes its value
 // log through mmap, and every page touched stays mapped, and counted in
 // the RSS, until the kernel needs memory (a read fault maps up to 16
-// neighbouring cached pages too). So, checked every 256 KiB of block I/O,
-// when the process's file-backed RSS exceeds BadgerOptions.MappedBudget
-// (96 MiB) the store takes the pages of the finished value log files out
-// of the process with MADV_DONTNEED (pageOutValueLogs), which leaves them
-// in the page cache: a later read costs a minor fault, not a disk read.
-// The file badger appends to is left alone (badger may remap it at any
-// moment); the value log file size bounds its share. Value log GC, the only
-// deleter of finished files, never runs at the same time. The cost is the
+// neighbouring cached pages too). So, checked every 4 MiB of block writes
+// and every 16 blocks read, when the process's file-backed RSS exceeds
+// BadgerOptions.MappedBudget (96 MiB) the store takes the pages of the
+// finished value log files out of the process with MADV_DONTNEED
+// (pageOutValueLogs), which leaves them in the page cache: a later read
+// costs a minor fault, not a disk read. Checks queue behind a trim under
+// way, so readers do not run past the budget meanwhile. The file badger
+// appends to is left alone (badger may remap it at any moment); the value
+// log file size bounds its share. Value log GC, the only deleter of
+// finished files, never runs at the same time as MADV_DONTNEED: while it
+// runs, an over-budget check evicts with MADV_PAGEOUT instead, which is
+// safe on whatever the range holds but drops the pages from the page
+// cache too. The cost is the
 // faults: random reads over a working set larger than the budget fault
 // their pages back in; MappedBudget -1 turns this off (rtarget serve
 // --mapped-budget off), and the RSS then grows with the page cache the

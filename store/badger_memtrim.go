@@ -72,9 +72,9 @@ func (b *badgerBackend) countMapped(n int) bool {
 }
 
 // trimIfOver pages out the finished value logs if the process's
-// file-backed RSS is over budget (b.mapMu held unless evict).
+// file-backed RSS is over budget (b.checkMu held, and b.mapMu unless evict).
 func (b *badgerBackend) trimIfOver(evict bool) {
-	rss, err := mappedFileRSS()
+	rss, err := b.rss.fileRSS()
 	if err != nil || rss <= b.opts.MappedBudget {
 		return
 	}

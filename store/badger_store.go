@@ -55,6 +55,7 @@ type badgerBackend struct {
 	// value log GC runs, when trims evict instead.
 	checkMu  sync.Mutex
 	inGC     atomic.Bool
+	rss      *rssProbe     // the checks' reader of the RSS (checkMu)
 	trimDone chan struct{} // closed when trimMapped returns
 }
 
@@ -103,11 +104,13 @@ func openBadgerBackend(dir string, opts BadgerOptions) (*badgerBackend, error) {
 
 		trimKick: make(chan struct{}, 1),
 		trimDone: make(chan struct{}),
+		rss:      newRSSProbe(),
 	}
 	b.syncer = newSyncGroup(b.syncAll)
 	b.txnBlocks = txnLimit(db, blockEntryEstimate)
 	b.txnDeletes = txnLimit(db, deleteEntryEstim)
 	if err := b.checkFormat(); err != nil {
+		b.rss.close()
 		db.Close()
 		lock.unlock()
 		return nil, fmt.Errorf("store: open %s: %w", dir, err)
@@ -169,6 +172,9 @@ func (b *badgerBackend) close() error {
 	b.stop()
 	<-b.done
 	<-b.trimDone
+	b.checkMu.Lock()
+	b.rss.close()
+	b.checkMu.Unlock()
 	errSync := b.syncAll()
 	errClose := b.db.Close()
 	errUnlock := b.lock.unlock()

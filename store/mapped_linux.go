@@ -3,7 +3,9 @@ package store
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -21,17 +23,60 @@ func mappedFileRSS() (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	for line := range bytes.Lines(b) {
-		if rest, ok := bytes.CutPrefix(line, []byte("RssFile:")); ok {
-			f := strings.Fields(string(rest))
-			if len(f) != 2 {
-				break
-			}
-			kb, err := strconv.ParseInt(f[0], 10, 64)
-			return kb << 10, err
-		}
+	return parseRssFile(b)
+}
+
+// rssProbe is mappedFileRSS for the budget checks, which reads make every
+// 16 blocks: it keeps /proc/self/status open and reads it into its own
+// buffer, one pread and no allocation (6 us instead of 31). Not for
+// concurrent use (badgerBackend.checkMu); after close it falls back to
+// mappedFileRSS.
+type rssProbe struct {
+	f   *os.File
+	buf [4096]byte
+}
+
+func newRSSProbe() *rssProbe {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return &rssProbe{}
 	}
-	return 0, fmt.Errorf("no RssFile in /proc/self/status")
+	return &rssProbe{f: f}
+}
+
+func (p *rssProbe) fileRSS() (int64, error) {
+	if p.f == nil {
+		return mappedFileRSS()
+	}
+	n, err := p.f.ReadAt(p.buf[:], 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return 0, err
+	}
+	return parseRssFile(p.buf[:n])
+}
+
+func (p *rssProbe) close() {
+	if p.f != nil {
+		p.f.Close()
+		p.f = nil
+	}
+}
+
+// parseRssFile finds "RssFile:   123 kB" in the text of /proc/PID/status.
+func parseRssFile(b []byte) (int64, error) {
+	i := bytes.Index(b, []byte("\nRssFile:"))
+	if i < 0 {
+		return 0, fmt.Errorf("no RssFile in /proc/self/status")
+	}
+	b = bytes.TrimLeft(b[i+len("\nRssFile:"):], " \t")
+	kb, digits := int64(0), 0
+	for ; digits < len(b) && b[digits] >= '0' && b[digits] <= '9'; digits++ {
+		kb = kb*10 + int64(b[digits]-'0')
+	}
+	if digits == 0 || !bytes.HasPrefix(b[digits:], []byte(" kB")) {
+		return 0, fmt.Errorf("malformed RssFile in /proc/self/status")
+	}
+	return kb << 10, nil
 }
 
 // pageOutValueLogs takes the pages of the finished value log files in dir

@@ -41,3 +41,48 @@ func TestPageOutValueLogs(t *testing.T) {
 		t.Fatalf("mappedFileRSS = %d, %v", rss, err)
 	}
 }
+
+// TestRSSProbe: the budget checks' reader of RssFile agrees with a fresh
+// read of /proc/self/status, allocates nothing, keeps working on reuse and
+// after close, and the parser refuses what is not an RssFile line.
+func TestRSSProbe(t *testing.T) {
+	p := newRSSProbe()
+	defer p.close()
+	for range 3 {
+		got, err := p.fileRSS()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := mappedFileRSS()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := got - want; got <= 0 || d < -4<<20 || d > 4<<20 {
+			t.Fatalf("probe RssFile %d, /proc/self/status %d", got, want)
+		}
+	}
+	if a := testing.AllocsPerRun(100, func() { p.fileRSS() }); a != 0 {
+		t.Errorf("%.1f allocations per probe read, want 0", a)
+	}
+	p.close()
+	if v, err := p.fileRSS(); err != nil || v <= 0 {
+		t.Fatalf("after close: %d, %v", v, err)
+	}
+	for _, c := range []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"Name:\tx\nRssAnon:\t  10 kB\nRssFile:\t  1234 kB\nRssShmem:\t0 kB\n", 1234 << 10, true},
+		{"Name:\tx\nRssFile:\t0 kB\n", 0, true},
+		{"Name:\tx\nRssFile:\t kB\n", 0, false},
+		{"Name:\tx\nRssFile:\t12 MB\n", 0, false},
+		{"Name:\tx\nXRssFile:\t12 kB\n", 0, false},
+		{"", 0, false},
+	} {
+		v, err := parseRssFile([]byte(c.in))
+		if (err == nil) != c.ok || v != c.want {
+			t.Errorf("parseRssFile(%q) = %d, %v; want %d, ok %v", c.in, v, err, c.want, c.ok)
+		}
+	}
+}

@@ -4,11 +4,11 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"github.com/rnic-dev/rnic/cmd/internal/clix"
 	"log/slog"
 	"net/http"
 	"time"
 
+	"github.com/rnic-dev/rnic/cmd/internal/clix"
 	"github.com/rnic-dev/rnic/store"
 	"github.com/rnic-dev/rnic/target"
 )

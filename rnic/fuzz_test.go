@@ -3,8 +3,9 @@ package rnic
 import (
 	"bytes"
 	"context"
-	"io"
+	"encoding/binary"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,13 +19,20 @@ import (
 // no panic, no hang, the stream ends when the input does, and a region with
 // no remote rights is never touched. The seeds are well-formed exchanges
 // aimed at the QP's regions (fixed keys, so the fuzzer can reach them).
+//
+// One device, PD and set of regions serve every input of a fuzzing worker:
+// each input gets a fresh CQ and QP, and afterwards every region is zeroed
+// and re-registered in place (same STag, valid again), so an input that
+// invalidates a region cannot change what the next one sees.
 func FuzzEngineRx(f *testing.F) {
 	for _, s := range engineSeeds(f) {
 		f.Add(s, true)
 		f.Add(s, false)
 	}
+	rig := newFuzzRig(f)
+	f.Cleanup(func() { rig.dev.Close() })
 	f.Fuzz(func(t *testing.T, in []byte, crc bool) {
-		runEngineInput(t, in, crc)
+		rig.run(t, in, crc)
 	})
 }
 
@@ -33,13 +41,24 @@ const (
 	fuzzKeyR     = 0x22
 	fuzzKeyA     = 0x33
 	fuzzKeyGuard = 0x44
+	fuzzKeyRecv  = 0x55
 )
+
+// fuzzMR is a region of the rig with what it takes to re-register it.
+type fuzzMR struct {
+	mr  *MR
+	buf []byte
+	opt MROptions
+}
 
 type fuzzRig struct {
 	dev              *Device
-	qp               *QP
-	w, r, a, g, recv *MR
+	pd               *PD
+	w, r, a, g, recv fuzzMR
 	guard            []byte
+	// inspect, when set, runs after the stream ends and before the regions
+	// are reset (TestEngineSeeds checks what the seeds placed).
+	inspect func(t testing.TB)
 }
 
 func newFuzzRig(t testing.TB) *fuzzRig {
@@ -48,71 +67,138 @@ func newFuzzRig(t testing.TB) *fuzzRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pd, _ := d.AllocPD()
-	cq, _ := d.CreateCQ(64, 0)
-	qp, err := pd.CreateQP(QPConfig{SendCQ: cq, RecvCQ: cq, IRD: 4, ORD: 4, InboundRead: true, InboundWrite: true, InboundAtomic: true})
+	pd, err := d.AllocPD()
 	if err != nil {
 		t.Fatal(err)
 	}
-	rig := &fuzzRig{dev: d, qp: qp, guard: bytes.Repeat([]byte{sentinel}, 4096)}
-	reg := func(n int, acc Access, key uint8) *MR {
-		mr, err := pd.RegisterMR(Bytes(make([]byte, n)), MROptions{Access: acc, Key: key, FixedKey: true, ZeroBased: true})
+	rig := &fuzzRig{dev: d, pd: pd, guard: bytes.Repeat([]byte{sentinel}, 4096)}
+	reg := func(buf []byte, acc Access, key uint8) fuzzMR {
+		o := MROptions{Access: acc, Key: key, FixedKey: true, ZeroBased: true}
+		mr, err := pd.RegisterMR(Bytes(buf), o)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return mr
+		return fuzzMR{mr: mr, buf: buf, opt: o}
 	}
-	rig.w = reg(4096, LocalRead|LocalWrite|RemoteWrite, fuzzKeyW)
-	rig.r = reg(4096, LocalRead|RemoteRead, fuzzKeyR)
-	rig.a = reg(64, LocalWrite|RemoteAtomic, fuzzKeyA)
-	g, err := pd.RegisterMR(Bytes(rig.guard), MROptions{Access: LocalRead | LocalWrite, Key: fuzzKeyGuard, FixedKey: true, ZeroBased: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rig.g = g
-	rig.recv = reg(256, LocalWrite, 0x55)
-	for i := 0; i < 4; i++ {
-		qp.PostRecv(RecvWR{ID: uint64(i), SGL: []SGE{{STag: rig.recv.STag(), TO: uint64(i * 64), Len: 64}}})
-	}
+	rig.w = reg(make([]byte, 4096), LocalRead|LocalWrite|RemoteWrite, fuzzKeyW)
+	rig.r = reg(make([]byte, 4096), LocalRead|RemoteRead, fuzzKeyR)
+	rig.a = reg(make([]byte, 64), LocalWrite|RemoteAtomic, fuzzKeyA)
+	rig.g = reg(rig.guard, LocalRead|LocalWrite, fuzzKeyGuard)
+	rig.recv = reg(make([]byte, 256), LocalWrite, fuzzKeyRecv)
 	return rig
 }
 
-func runEngineInput(t testing.TB, in []byte, crc bool) {
-	rig := newFuzzRig(t)
-	defer rig.dev.Close()
-	ours, theirs := net.Pipe()
-	defer theirs.Close()
-	if err := rig.qp.Attach(Stream{Conn: ours, CRC: crc, Rev: 2, MULPDU: 1024}); err != nil {
+// run feeds one input to a fresh QP and checks the promises; it leaves the
+// rig as it found it.
+func (rig *fuzzRig) run(t testing.TB, in []byte, crc bool) {
+	cq, err := rig.dev.CreateCQ(64, 0)
+	if err != nil {
 		t.Fatal(err)
 	}
-	go io.Copy(io.Discard, theirs) // whatever the engine answers
-	theirs.SetWriteDeadline(time.Now().Add(2 * time.Second))
-	theirs.Write(in)
-	theirs.Close()
+	qp, err := rig.pd.CreateQP(QPConfig{SendCQ: cq, RecvCQ: cq, IRD: 4, ORD: 4, InboundRead: true, InboundWrite: true, InboundAtomic: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ {
+		if _, err := qp.PostRecv(RecvWR{ID: uint64(i), SGL: []SGE{{STag: rig.recv.mr.STag(), TO: uint64(i * 64), Len: 64}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nc := newInputConn(in)
+	if err := qp.Attach(Stream{Conn: nc, CRC: crc, Rev: 2, MULPDU: 1024}); err != nil {
+		t.Fatal(err)
+	}
+	qp.mu.Lock()
+	c := qp.conn // the stream cannot end before nc.start is closed
+	qp.mu.Unlock()
+	close(nc.start)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for {
-		st := rig.qp.State()
-		if st == StateError || st == StateIdle {
-			break
+	if err := qp.WaitState(ctx, StateError, StateIdle); err != nil {
+		t.Fatalf("stream did not end after the input did (state %s): %v", qp.State(), err)
+	}
+	for _, done := range []chan struct{}{c.rxDone, c.txDone} {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			t.Fatal("stream goroutines still running after the QP left RTS")
 		}
-		if ctx.Err() != nil {
-			t.Fatalf("stream did not end after the input did (state %s)", st)
-		}
-		time.Sleep(time.Millisecond)
+	}
+	if err := qp.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cq.Destroy(); err != nil {
+		t.Fatal(err)
 	}
 	for i, v := range rig.guard {
 		if v != sentinel {
 			t.Fatalf("region without remote rights written at %d", i)
 		}
 	}
+	if rig.inspect != nil {
+		rig.inspect(t)
+	}
+	for _, m := range []*fuzzMR{&rig.w, &rig.r, &rig.a, &rig.recv} {
+		clear(m.buf)
+	}
+	for _, m := range []*fuzzMR{&rig.w, &rig.r, &rig.a, &rig.g, &rig.recv} {
+		stag := m.mr.STag()
+		if err := m.mr.Reregister(rig.pd, Bytes(m.buf), m.opt); err != nil {
+			t.Fatal(err)
+		}
+		if m.mr.STag() != stag {
+			t.Fatalf("re-registration moved STag %#x to %#x", stag, m.mr.STag())
+		}
+	}
 }
+
+// inputConn is the peer's side of a stream as a fixed input: reads return
+// the input and then EOF, writes (whatever the engine answers) are dropped.
+// Reads wait until start is closed.
+type inputConn struct {
+	start  chan struct{}
+	r      bytes.Reader
+	closed atomic.Bool
+}
+
+func newInputConn(in []byte) *inputConn {
+	c := &inputConn{start: make(chan struct{})}
+	c.r.Reset(in)
+	return c
+}
+
+func (c *inputConn) Read(p []byte) (int, error) {
+	<-c.start
+	if c.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	return c.r.Read(p)
+}
+
+func (c *inputConn) Write(p []byte) (int, error) {
+	if c.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	return len(p), nil
+}
+
+func (c *inputConn) Close() error                     { c.closed.Store(true); return nil }
+func (c *inputConn) LocalAddr() net.Addr              { return fuzzAddr{} }
+func (c *inputConn) RemoteAddr() net.Addr             { return fuzzAddr{} }
+func (c *inputConn) SetDeadline(time.Time) error      { return nil }
+func (c *inputConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *inputConn) SetWriteDeadline(time.Time) error { return nil }
+
+type fuzzAddr struct{}
+
+func (fuzzAddr) Network() string { return "fuzz" }
+func (fuzzAddr) String() string  { return "fuzz" }
 
 // rigSTags returns the (deterministic) STags of a fuzz rig's regions.
 func rigSTags(t testing.TB) (w, r, a uint32) {
 	rig := newFuzzRig(t)
 	defer rig.dev.Close()
-	return uint32(rig.w.STag()), uint32(rig.r.STag()), uint32(rig.a.STag())
+	return uint32(rig.w.mr.STag()), uint32(rig.r.mr.STag()), uint32(rig.a.mr.STag())
 }
 
 func engineSeeds(t testing.TB) [][]byte {
@@ -143,13 +229,52 @@ func engineSeeds(t testing.TB) [][]byte {
 		untagged(rdmap.OpImmediate, 0, 0, imm[:]),
 		untagged(rdmap.OpSendInv, 0, w, []byte("x")),
 	}
-	all := bytes.Join(seeds, nil)
+	all := bytes.Join(seeds[1:], nil) // a whole valid exchange (seeds[0] ends any stream)
 	return append(seeds, all)
 }
 
-// TestEngineSeeds runs the fuzz seeds as a plain test.
+// TestEngineSeeds runs the fuzz seeds as a plain test, and checks that the
+// seed holding a whole valid exchange reaches the rig's regions (so the
+// fuzzer starts from inputs that place data) and that the rig is whole again
+// afterwards.
 func TestEngineSeeds(t *testing.T) {
-	for _, s := range engineSeeds(t) {
-		runEngineInput(t, s, true)
+	rig := newFuzzRig(t)
+	defer rig.dev.Close()
+	seeds := engineSeeds(t)
+	for _, s := range seeds[:len(seeds)-1] {
+		for _, crc := range []bool{true, false} {
+			rig.run(t, s, crc)
+		}
+	}
+	for _, crc := range []bool{true, false} {
+		inspected := false
+		rig.inspect = func(t testing.TB) {
+			inspected = true
+			if got := string(rig.w.buf[16:20]); got != "data" {
+				t.Errorf("RDMA Write placed %q, want %q", got, "data")
+			}
+			if got := string(rig.recv.buf[:5]); got != "hello" {
+				t.Errorf("Send placed %q, want %q", got, "hello")
+			}
+			if got := binary.NativeEndian.Uint64(rig.a.buf[8:]); got != 1 { // host order (atomic.go)
+				t.Errorf("Fetch-and-Add left %d, want 1", got)
+			}
+			if info, err := rig.w.mr.Query(); err != nil || info.Valid {
+				t.Errorf("Send with Invalidate left the region valid (%+v, %v)", info, err)
+			}
+		}
+		rig.run(t, seeds[len(seeds)-1], crc)
+		rig.inspect = nil
+		if !inspected {
+			t.Fatal("the stream's results were not inspected")
+		}
+		for _, m := range []*fuzzMR{&rig.w, &rig.r, &rig.a, &rig.g, &rig.recv} {
+			if info, err := m.mr.Query(); err != nil || !info.Valid {
+				t.Fatalf("region %#x not valid again after the input (%+v, %v)", m.mr.STag(), info, err)
+			}
+		}
+		if rig.w.buf[16] != 0 {
+			t.Fatal("region not zeroed after the input")
+		}
 	}
 }

@@ -56,7 +56,9 @@ func goData(name string) []byte {
 }
 
 // FuzzServeConn feeds arbitrary client bytes to a whole server session:
-// it must end, without panicking, with nil or an error.
+// it must end, without panicking, with nil or an error. One server and its
+// backends serve every input of a fuzzing worker; the backends are zeroed
+// after each input, so no input sees what another wrote.
 func FuzzServeConn(f *testing.F) {
 	f.Add(new(clientStream).flags(1).option(OptList, nil).option(OptAbort, nil).b)
 	f.Add(new(clientStream).flags(3).option(OptInfo, goData("a")).option(OptGo, goData("")).
@@ -67,17 +69,20 @@ func FuzzServeConn(f *testing.F) {
 	f.Add(new(clientStream).flags(1).option(OptExportName, []byte("a")).request(CmdRead, 0, 1<<20, 512, nil).b)
 	f.Add(new(clientStream).flags(1).option(OptStructuredReply, nil).option(OptGo, []byte{0, 0, 0, 9}).b)
 	f.Add(new(clientStream).flags(1).option(OptGo, goData("a")).request(CmdWrite, 0, 0, 1<<16, nil).b)
+	a, ro := newMem(256<<10), newMem(64<<10)
+	srv := &Server{
+		Exports: []Export{
+			{Name: "a", Backend: a, MaxBlock: 64 << 10},
+			{Name: "ro", Backend: ro, ReadOnly: true},
+		},
+		Logger: slog.New(slog.DiscardHandler),
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		srv := &Server{
-			Exports: []Export{
-				{Name: "a", Backend: newMem(1 << 20), MaxBlock: 64 << 10},
-				{Name: "ro", Backend: newMem(64 << 10), ReadOnly: true},
-			},
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		}
 		err := srv.ServeConn(context.Background(), &pipeConn{r: bytes.NewReader(data)})
 		if err != nil && !errors.Is(err, ErrProtocol) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
 			t.Fatalf("unexpected error kind: %v", err)
 		}
+		clear(a.data)
+		clear(ro.data)
 	})
 }

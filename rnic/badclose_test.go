@@ -1,0 +1,137 @@
+package rnic
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rnic-dev/rnic/rnic/rawpeer"
+	"github.com/rnic-dev/rnic/rnic/rdmap"
+	"github.com/rnic-dev/rnic/rnic/term"
+)
+
+// TestBadCloseLocal: Modify QP RTS->Closing with a WQE still on the SQ is
+// a Bad Close (draft T17): the stream is reset, the WQE flushed, the QP
+// moves to Error and raises "Bad Close". The peer, in RTS, sees the reset.
+func TestBadCloseLocal(t *testing.T) {
+	a, b := sendLeftOnSQ(t, 7)
+	if err := a.qp.Modify(StateClosing, ModifyAttrs{}); err != nil {
+		t.Fatalf("modify to Closing: %v", err)
+	}
+	a.waitEvent(EventBadClose)
+	a.waitState(StateError)
+	if wc := a.wait(a.scq); wc.ID != 7 || wc.Status != StatusFlushed {
+		t.Fatalf("the Send left on the SQ completed %+v, want Flushed", wc)
+	}
+	b.waitEvent(EventLLPConnectionReset)
+	b.waitState(StateError)
+	if q := b.qp.Query(); q.Terminate != nil {
+		t.Fatalf("a reset, not a Terminate, ends a Bad Close: peer holds %+v", q.Terminate)
+	}
+}
+
+// TestBadLLPClose: the peer closes (FIN) while our SQ still holds a WQE:
+// Bad LLP Close (draft T12). We send a Terminate RDMAP / Remote Operation /
+// Catastrophic Error localized to the stream (0x0207), raise "Bad LLP
+// Close", flush the WQE and end in Error. The peer, in Closing, gets a
+// segment (the Terminate) instead of a FIN: T17 resets the stream and moves
+// it to Error with "Bad Close" (the draft's MAY; the Terminate it MAY keep
+// for Query QP is not parsed: any segment in Closing ends the stream).
+func TestBadLLPClose(t *testing.T) {
+	a, b := sendLeftOnSQ(t, 9)
+	if err := b.qp.Modify(StateClosing, ModifyAttrs{}); err != nil {
+		t.Fatalf("peer modify to Closing: %v", err)
+	}
+	want := term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpCatastrophicStream}
+	ev := a.waitEvent(EventBadLLPClose)
+	if ev.Terminate == nil || !ev.Terminate.Local || ev.Terminate.Fields.Cause != want {
+		t.Fatalf("Bad LLP Close event %+v, want our Terminate %v", ev, want)
+	}
+	a.waitState(StateError)
+	if wc := a.wait(a.scq); wc.ID != 9 || wc.Status != StatusFlushed {
+		t.Fatalf("the Send left on the SQ completed %+v, want Flushed", wc)
+	}
+	b.waitEvent(EventBadClose)
+	b.waitState(StateError)
+}
+
+// closingTarget connects a raw peer to a target QP, opens the stream with
+// one Send, then moves the target to Closing and waits for its FIN.
+func closingTarget(t *testing.T) (*termTarget, *rawpeer.Peer) {
+	tt := newTermTarget(t, QPConfig{}, 1, 64)
+	p := tt.dial(t, rawpeer.Options{})
+	sendULPDU(t, p, p.SendMsg(rdmap.OpSend, 0, []byte("hello")))
+	tt.waitOK(tt.rcq, WRRecv)
+	if err := tt.qp.Modify(StateClosing, ModifyAttrs{}); err != nil {
+		t.Fatalf("modify to Closing: %v", err)
+	}
+	if _, err := p.ReadULPDU(5 * time.Second); !errors.Is(err, io.EOF) {
+		t.Fatalf("waiting for the target's FIN: %v", err)
+	}
+	return tt, p
+}
+
+// TestBadCloseSegmentWhileClosing: a segment other than a Terminate that
+// arrives in Closing is a Bad Close (draft T17): the stream is reset (no
+// Terminate), nothing is placed, the QP ends in Error with "Bad Close".
+func TestBadCloseSegmentWhileClosing(t *testing.T) {
+	tt, p := closingTarget(t)
+	before := bytes.Clone(tt.bufs["w"])
+	sendULPDU(t, p, tagged(p, rdmap.OpWrite, tt.w.STag(), 0, 8))
+	tt.waitEvent(EventBadClose)
+	tt.waitState(StateError)
+	peerSawReset(t, p)
+	if !bytes.Equal(tt.bufs["w"], before) {
+		t.Fatal("a Write that arrived in Closing was placed")
+	}
+}
+
+// TestBadCloseTimeout: a peer that never answers our FIN is a Bad Close
+// once Config.CloseTimeout has passed (draft T17, final close timeout):
+// the stream is reset and the QP ends in Error.
+func TestBadCloseTimeout(t *testing.T) {
+	tt, p := closingTarget(t)
+	start := time.Now()
+	tt.waitEvent(EventBadClose)
+	tt.waitState(StateError)
+	if waited := time.Since(start); waited < tt.dev.cfg.CloseTimeout/2 {
+		t.Fatalf("Bad Close after %v, before the close timeout %v", waited, tt.dev.cfg.CloseTimeout)
+	}
+	peerSawReset(t, p)
+}
+
+// peerSawReset checks that the target reset the stream: after our FIN the
+// peer's reads only see EOF, but its first write fails once the reset has
+// arrived (EPIPE in CLOSE_WAIT, ECONNRESET otherwise). After a clean close
+// the first write would still be accepted.
+func peerSawReset(t *testing.T, p *rawpeer.Peer) {
+	t.Helper()
+	err := p.SendRaw(make([]byte, 16))
+	if !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("the peer's write after the close: %v, want a reset's EPIPE or ECONNRESET", err)
+	}
+}
+
+// sendLeftOnSQ connects a pair and leaves a Send (WR id) on a's SQ: one
+// Send from a to b completes first, so that a's transmitter has run and
+// waits for its doorbell; the next Send, posted under Plug, then stays on
+// the SQ, since nothing else wakes the transmitter in these tests (a plug
+// only delays, see QP.Plug). The plug is released when the test ends.
+func sendLeftOnSQ(t *testing.T, id uint64) (a, b *side) {
+	var bRecv *MR
+	a, b = newPair(t, pairOpts{}, func(a, b *side) {
+		bRecv, _ = b.reg(64, LocalWrite)
+		b.postRecv(1, bRecv, 64)
+	})
+	msg, _ := a.reg(16, LocalRead)
+	a.post(SendWR{ID: 1, Op: WRSend, SGL: []SGE{{STag: msg.STag(), Len: 16}}})
+	a.waitOK(a.scq, WRSend)
+	b.waitOK(b.rcq, WRRecv)
+	a.qp.Plug()
+	t.Cleanup(a.qp.Unplug)
+	a.post(SendWR{ID: id, Op: WRSend, SGL: []SGE{{STag: msg.STag(), Len: 16}}})
+	return a, b
+}

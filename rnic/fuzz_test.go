@@ -183,16 +183,11 @@ func (c *inputConn) Write(p []byte) (int, error) {
 }
 
 func (c *inputConn) Close() error                     { c.closed.Store(true); return nil }
-func (c *inputConn) LocalAddr() net.Addr              { return fuzzAddr{} }
-func (c *inputConn) RemoteAddr() net.Addr             { return fuzzAddr{} }
+func (c *inputConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (c *inputConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
 func (c *inputConn) SetDeadline(time.Time) error      { return nil }
 func (c *inputConn) SetReadDeadline(time.Time) error  { return nil }
 func (c *inputConn) SetWriteDeadline(time.Time) error { return nil }
-
-type fuzzAddr struct{}
-
-func (fuzzAddr) Network() string { return "fuzz" }
-func (fuzzAddr) String() string  { return "fuzz" }
 
 // rigSTags returns the (deterministic) STags of a fuzz rig's regions.
 func rigSTags(t testing.TB) (w, r, a uint32) {

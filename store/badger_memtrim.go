@@ -33,8 +33,9 @@ func (b *badgerBackend) noteWrite(n int) {
 	}
 }
 
-// noteRead counts blocks read and checks the budget on the spot every
-// trimCheckBytes (unless a check or value log GC is running already).
+// noteRead counts blocks read, readMapFactor times each, and checks the
+// budget on the spot whenever that crosses a multiple of trimCheckBytes
+// (every readCheckBlocks blocks), waiting for a check under way (trim).
 func (b *badgerBackend) noteRead(blocks int) {
 	if b.opts.MappedBudget < 0 {
 		return

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"io"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -57,7 +58,10 @@ type fuzzRig struct {
 	w, r, a, g, recv fuzzMR
 	guard            []byte
 	// inspect, when set, runs after the stream ends and before the regions
-	// are reset (TestEngineSeeds checks what the seeds placed).
+	// are reset (TestEngineSeeds checks what the seeds placed). The end of
+	// the input then waits until every Read and Atomic Response queued has
+	// gone out: an atomic executes when its response is built, and a stream
+	// that ends first never executes it.
 	inspect func(t testing.TB)
 }
 
@@ -111,6 +115,9 @@ func (rig *fuzzRig) run(t testing.TB, in []byte, crc bool) {
 	qp.mu.Lock()
 	c := qp.conn // the stream cannot end before nc.start is closed
 	qp.mu.Unlock()
+	if rig.inspect != nil {
+		nc.settled = func() bool { return !c.respPending() }
+	}
 	close(nc.start)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -156,9 +163,10 @@ func (rig *fuzzRig) run(t testing.TB, in []byte, crc bool) {
 // the input and then EOF, writes (whatever the engine answers) are dropped.
 // Reads wait until start is closed.
 type inputConn struct {
-	start  chan struct{}
-	r      bytes.Reader
-	closed atomic.Bool
+	start   chan struct{}
+	r       bytes.Reader
+	closed  atomic.Bool
+	settled func() bool // if set, EOF waits (up to 5 s) until it is true
 }
 
 func newInputConn(in []byte) *inputConn {
@@ -172,7 +180,13 @@ func (c *inputConn) Read(p []byte) (int, error) {
 	if c.closed.Load() {
 		return 0, net.ErrClosed
 	}
-	return c.r.Read(p)
+	n, err := c.r.Read(p)
+	if err == io.EOF && c.settled != nil {
+		for end := time.Now().Add(5 * time.Second); !c.settled() && time.Now().Before(end); {
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	return n, err
 }
 
 func (c *inputConn) Write(p []byte) (int, error) {

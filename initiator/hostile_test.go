@@ -16,9 +16,9 @@ import (
 
 	"github.com/rnic-dev/rnic/blockproto"
 	"github.com/rnic-dev/rnic/initiator"
+	"github.com/rnic-dev/rnic/internal/rawpeer"
 	"github.com/rnic-dev/rnic/rnic/ddp"
 	"github.com/rnic-dev/rnic/rnic/mpa"
-	"github.com/rnic-dev/rnic/rnic/rawpeer"
 	"github.com/rnic-dev/rnic/rnic/rdmap"
 	"github.com/rnic-dev/rnic/rnic/term"
 	"github.com/rnic-dev/rnic/store"

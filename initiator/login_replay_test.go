@@ -8,7 +8,7 @@ import (
 
 	"github.com/rnic-dev/rnic/blockproto"
 	"github.com/rnic-dev/rnic/initiator"
-	"github.com/rnic-dev/rnic/rnic/rawpeer"
+	"github.com/rnic-dev/rnic/internal/rawpeer"
 	"github.com/rnic-dev/rnic/target"
 )
 

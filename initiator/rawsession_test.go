@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/rnic-dev/rnic/blockproto"
+	"github.com/rnic-dev/rnic/internal/rawpeer"
 	"github.com/rnic-dev/rnic/rnic/ddp"
-	"github.com/rnic-dev/rnic/rnic/rawpeer"
 	"github.com/rnic-dev/rnic/rnic/rdmap"
 )
 

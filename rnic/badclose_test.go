@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rnic-dev/rnic/rnic/rawpeer"
+	"github.com/rnic-dev/rnic/internal/rawpeer"
 	"github.com/rnic-dev/rnic/rnic/rdmap"
 	"github.com/rnic-dev/rnic/rnic/term"
 )

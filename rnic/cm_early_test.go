@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rnic-dev/rnic/internal/rawpeer"
 	"github.com/rnic-dev/rnic/rnic/mpa"
-	"github.com/rnic-dev/rnic/rnic/rawpeer"
 	"github.com/rnic-dev/rnic/rnic/rdmap"
 )
 

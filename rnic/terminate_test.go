@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rnic-dev/rnic/internal/rawpeer"
 	"github.com/rnic-dev/rnic/rnic/ddp"
 	"github.com/rnic-dev/rnic/rnic/mpa"
-	"github.com/rnic-dev/rnic/rnic/rawpeer"
 	"github.com/rnic-dev/rnic/rnic/rdmap"
 	"github.com/rnic-dev/rnic/rnic/term"
 )

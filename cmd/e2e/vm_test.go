@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rnic-dev/rnic/rnic/interop/linuxvm"
+	"github.com/rnic-dev/rnic/internal/linuxvm"
 )
 
 // guestNBD is the guest script of TestKernelNBD: the Linux kernel NBD client
@@ -40,7 +40,7 @@ kill -TERM $RPID; wait $RPID; echo "CHECK attach exit rc=$?"
 sed 's/^/RINIT /' /tmp/ra
 `
 
-// TestKernelNBD boots the Linux VM (see rnic/interop/linuxvm) and uses the
+// TestKernelNBD boots the Linux VM (see internal/linuxvm) and uses the
 // kernel NBD client against rinit on the host, then runs rinit attach in
 // the guest (a static binary through the 9p share) against rtarget on the
 // host. Both volumes live in badger.

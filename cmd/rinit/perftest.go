@@ -13,8 +13,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/rnic-dev/rnic/cmd/internal/clix"
+	"github.com/rnic-dev/rnic/internal/perftest"
 	"github.com/rnic-dev/rnic/rnic"
-	"github.com/rnic-dev/rnic/rnic/perftest"
 )
 
 func perftestCommand() *cli.Command {

@@ -14,8 +14,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/rnic-dev/rnic/cmd/internal/clix"
+	"github.com/rnic-dev/rnic/internal/rping"
 	"github.com/rnic-dev/rnic/rnic"
-	"github.com/rnic-dev/rnic/rnic/rping"
 )
 
 func rpingCommand() *cli.Command {

@@ -4,8 +4,8 @@ import (
 	"testing"
 	"testing/quick"
 
+	"github.com/rnic-dev/rnic/internal/wiretest"
 	"github.com/rnic-dev/rnic/rnic/term"
-	"github.com/rnic-dev/rnic/rnic/wiretest"
 )
 
 var (

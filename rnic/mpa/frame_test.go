@@ -8,8 +8,8 @@ import (
 	"testing"
 	"testing/iotest"
 
+	"github.com/rnic-dev/rnic/internal/wiretest"
 	"github.com/rnic-dev/rnic/rnic/term"
-	"github.com/rnic-dev/rnic/rnic/wiretest"
 )
 
 var hx = wiretest.Hex

@@ -6,8 +6,8 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/rnic-dev/rnic/internal/wiretest"
 	"github.com/rnic-dev/rnic/rnic/term"
-	"github.com/rnic-dev/rnic/rnic/wiretest"
 )
 
 // seedULPDUs returns the ULPDUs of the checklist vectors.

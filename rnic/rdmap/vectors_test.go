@@ -6,10 +6,10 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/rnic-dev/rnic/internal/wiretest"
 	"github.com/rnic-dev/rnic/rnic/ddp"
 	"github.com/rnic-dev/rnic/rnic/mpa"
 	"github.com/rnic-dev/rnic/rnic/term"
-	"github.com/rnic-dev/rnic/rnic/wiretest"
 )
 
 var (

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# capture.sh OUTDIR [CACHE_DIR] - reproduces the captures behind rnic/interop/README.md.
+# capture.sh OUTDIR [CACHE_DIR] - reproduces the captures behind internal/interop/README.md.
 # Boots the linuxvm guest once per siw build and runs, guest to guest through the host
 # ("hairpin": client -> 10.0.2.2:P -> host 127.0.0.1:P -> forward -> guest:P):
 #   rping -C 2 -S 100 (stock) / -C 1 (crc1, server -q), rping -S 60000 (one big Read),

@@ -17,10 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rnic-dev/rnic/internal/linuxvm"
+	"github.com/rnic-dev/rnic/internal/perftest"
+	"github.com/rnic-dev/rnic/internal/rping"
 	"github.com/rnic-dev/rnic/rnic"
-	"github.com/rnic-dev/rnic/rnic/interop/linuxvm"
-	"github.com/rnic-dev/rnic/rnic/perftest"
-	"github.com/rnic-dev/rnic/rnic/rping"
 )
 
 const (

@@ -5,7 +5,7 @@ SHELL := /bin/bash
 GO ?= $(shell ./.ci/ensure-go)
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: all build test deps vet run
+.PHONY: all build test deps vet run ceph test-ceph
 
 all: build
 
@@ -22,6 +22,19 @@ run: build
 deps:
 	@./.ci/deps
 
+# make ceph: the gateway in front of Ceph RBD (rtarget with the rbd store,
+# cgo, librbd linked dynamically) as bin/rtarget-ceph; installs Debian 12's
+# Ceph 16 client packages first. The default build stays pure Go and static.
+CEPH_TAGS := ceph,pacific
+ceph:
+	@./.ci/ceph-cluster deps
+	$(GO) build -tags $(CEPH_TAGS) -o bin/rtarget-ceph ./cmd/rtarget
+
+# The rbd backend's tests against a single-node cluster the script starts
+# and stops (part of make test).
+test-ceph:
+	GO=$(GO) ./.ci/ceph-test
+
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || (gofmt -l . ; echo "gofmt: files above need formatting"; exit 1)
 	$(GO) vet ./...
@@ -32,6 +45,7 @@ export RNIC_VM ?= 1
 
 test: deps vet
 	$(GO) test -race -timeout 40m ./...
+	GO=$(GO) ./.ci/ceph-test
 	# The exhaustive CRC32c kernel checks, without the race detector (it
 	# instruments none of the assembly and slows the Go kernel tenfold).
 	$(GO) test -count=1 -run '^TestKernels' ./rnic/crc32c

@@ -3,6 +3,7 @@ module github.com/rnic-dev/rnic
 go 1.26
 
 require (
+	github.com/ceph/go-ceph v0.34.0
 	github.com/dgraph-io/badger/v4 v4.9.6
 	github.com/klauspost/cpuid/v2 v2.4.2
 	github.com/pojntfx/go-nbd v0.3.2

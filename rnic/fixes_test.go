@@ -2,7 +2,9 @@ package rnic
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"net"
 	"runtime"
 	"sync"
@@ -15,10 +17,21 @@ import (
 // Regression tests for engine bugs: each failed before its fix.
 
 // postUntilRefused posts WRs on qp until posting is refused with
-// ErrInvalidQPState and returns how many were accepted.
-func postUntilRefused(t *testing.T, qp *QP, recv bool, mr *MR) int {
+// ErrInvalidQPState and returns how many were accepted. After limit WRs it
+// stops posting and waits for the QP to leave RTS, then posts once more: a
+// test whose completions must all fit its CQ posts no more than the CQ
+// holds.
+func postUntilRefused(qp *QP, recv bool, mr *MR, limit int) (int, error) {
 	n := 0
 	for {
+		if n == limit {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := qp.WaitState(ctx, StateError, StateTerminate, StateClosing, StateIdle)
+			cancel()
+			if err != nil {
+				return n, err
+			}
+		}
 		var err error
 		var k int
 		if recv {
@@ -32,10 +45,12 @@ func postUntilRefused(t *testing.T, qp *QP, recv bool, mr *MR) int {
 		case errors.Is(err, ErrTooManyWRs):
 			runtime.Gosched()
 		case errors.Is(err, ErrInvalidQPState):
-			return n
+			return n, nil
 		default:
-			t.Errorf("post: %v", err)
-			return n
+			return n, fmt.Errorf("post: %w", err)
+		}
+		if n > limit {
+			return n, fmt.Errorf("%d WRs posted, the limit was %d", n, limit)
 		}
 	}
 }
@@ -46,6 +61,21 @@ func postUntilRefused(t *testing.T, qp *QP, recv bool, mr *MR) int {
 // in a queue nobody will flush again (bug: the state was checked under
 // qp.mu and the WR queued under sq.mu, and the flush ran in between).
 func TestPostFlushRace(t *testing.T) {
+	// race posts until refused on both queues of qp while modify moves it
+	// to Error, and returns how many sends and receives were posted.
+	race := func(t *testing.T, qp *QP, mr *MR, limit int, modify func() error) (sends, recvs int) {
+		var wg sync.WaitGroup
+		var serr, rerr error
+		wg.Add(2)
+		go func() { defer wg.Done(); sends, serr = postUntilRefused(qp, false, mr, limit) }()
+		go func() { defer wg.Done(); recvs, rerr = postUntilRefused(qp, true, mr, limit) }()
+		merr := modify()
+		wg.Wait()
+		if err := errors.Join(merr, serr, rerr); err != nil {
+			t.Fatal(err)
+		}
+		return sends, recvs
+	}
 	t.Run("idle", func(t *testing.T) {
 		d, pd, _, _, mr, _ := idleQP(t, 64, 16)
 		cq, err := d.CreateCQ(1<<16, 0)
@@ -57,18 +87,13 @@ func TestPostFlushRace(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i := 0; i < 2000; i++ {
-			var wg sync.WaitGroup
-			var sends, recvs int
-			wg.Add(2)
-			go func() { defer wg.Done(); sends = postUntilRefused(t, qp, false, mr) }()
-			go func() { defer wg.Done(); recvs = postUntilRefused(t, qp, true, mr) }()
-			for k := 0; k < i%7; k++ {
-				runtime.Gosched()
-			}
-			if err := qp.Modify(StateError, ModifyAttrs{}); err != nil {
-				t.Fatal(err)
-			}
-			wg.Wait()
+			// In Idle nothing completes: the queues' depths bound what is posted.
+			sends, recvs := race(t, qp, mr, 1<<16, func() error {
+				for k := 0; k < i%7; k++ {
+					runtime.Gosched()
+				}
+				return qp.Modify(StateError, ModifyAttrs{})
+			})
 			var gotS, gotR int
 			for _, wc := range drainCQ(cq) {
 				if wc.Op == WRRecv {
@@ -89,16 +114,14 @@ func TestPostFlushRace(t *testing.T) {
 		for i := 0; i < 30; i++ {
 			a, _ := newPair(t, pairOpts{qp: QPConfig{SQDepth: 64, InboundWrite: true, InboundRead: true}}, nil)
 			mr, _ := a.reg(64, LocalWrite)
-			var wg sync.WaitGroup
-			var sends, recvs int
-			wg.Add(2)
-			go func() { defer wg.Done(); sends = postUntilRefused(t, a.qp, false, mr) }()
-			go func() { defer wg.Done(); recvs = postUntilRefused(t, a.qp, true, mr) }()
-			time.Sleep(time.Duration(i%5) * 100 * time.Microsecond)
-			if err := a.qp.Modify(StateError, ModifyAttrs{}); err != nil {
-				t.Fatal(err)
-			}
-			wg.Wait()
+			// The Writes complete as fast as they are posted: more than the
+			// send CQ holds would overflow it and end the stream in Error
+			// before the Modify.
+			entries, _ := a.scq.Query()
+			sends, recvs := race(t, a.qp, mr, entries, func() error {
+				time.Sleep(time.Duration(i%5) * 100 * time.Microsecond)
+				return a.qp.Modify(StateError, ModifyAttrs{})
+			})
 			a.waitState(StateError)
 			var gotS, gotR int
 			for _, wc := range drainCQ(a.scq) {

@@ -369,26 +369,15 @@ func (r *rxState) tagged(op rdmap.Opcode, h ddp.Tagged, payload, n int) error {
 	}
 	e := r.c.dev.stags.lookup(stag)
 	if e == nil {
-		return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPTagged, Code: term.TaggedInvalidSTag},
-			EventInvalidSTag, r.hl, n, "unknown STag %s", stag)
+		cause, ev := faultSTag.terminate(sitePlacement)
+		return r.perr(cause, ev, r.hl, n, "unknown STag %s", stag)
 	}
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	mp, off, f := e.remoteAccess(qp, stag, to, uint64(payload), RemoteWrite)
 	if f != faultNone {
-		code, ev := term.TaggedInvalidSTag, EventInvalidSTag
-		switch f {
-		case faultPD:
-			code, ev = term.TaggedNotAssociated, EventInvalidPD
-		case faultRights:
-			ev = EventAccessRights
-		case faultBounds:
-			code, ev = term.TaggedBaseBounds, EventBaseBounds
-		case faultWrap:
-			code, ev = term.TaggedTOWrap, EventWrap
-		}
-		return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPTagged, Code: code}, ev, r.hl, n,
-			"%s at STag %s TO 0x%x length %d", f, stag, to, payload)
+		cause, ev := f.terminate(sitePlacement)
+		return r.perr(cause, ev, r.hl, n, "%s at STag %s TO 0x%x length %d", f, stag, to, payload)
 	}
 	return r.place(mp, off, uint64(payload))
 }
@@ -522,7 +511,9 @@ func (r *rxState) scatter(mo, n uint64, ulpdu int) error {
 	return nil
 }
 
-// request handles Read Requests and Atomic Requests (QN 1).
+// request reads a Read Request or Atomic Request (QN 1), checks what both
+// share (one whole segment of the right size, a free IRD slot) and hands it
+// to readRequest or atomicRequest.
 func (r *rxState) request(op rdmap.Opcode, h ddp.Untagged, payload, n int) error {
 	qp := r.qp
 	c := r.c
@@ -552,39 +543,54 @@ func (r *rxState) request(op rdmap.Opcode, h ddp.Untagged, payload, n int) error
 		return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedNoBuffer},
 			EventIRRQTooMany, r.hl, n, "more than IRD=%d outstanding requests", ird)
 	}
-	job := &r.act.job
-	copy(job.hdr[:], r.hdr[:full])
+	copy(r.act.job.hdr[:], r.hdr[:full])
 	if op == rdmap.OpReadRequest {
-		rr, err := rdmap.ParseReadRequest(r.hdr[r.hl:full])
-		if err != nil {
-			return r.decodeErr(err, EventInvalidReadRequest, full, n)
-		}
-		prot := func(code term.Code, ev EventType, f string, a ...any) error {
-			return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteProtection, Code: code}, ev, full, n, f, a...)
-		}
-		if !qp.cfg.InboundRead {
-			return prot(term.ProtAccessRights, EventReadNotEnabled, "inbound RDMA Read is not enabled on this QP")
-		}
-		src := STag(rr.SrcSTag())
-		if rr.Size() > 0 {
-			e := c.dev.stags.lookup(src)
-			if e == nil {
-				return prot(term.ProtInvalidSTag, EventIRRQInvalidSTag, "unknown source STag %s", src)
-			}
-			e.mu.RLock()
-			_, _, f := e.remoteAccess(qp, src, rr.SrcTO(), uint64(rr.Size()), RemoteRead)
-			e.mu.RUnlock()
-			if f != faultNone {
-				code, ev := readFault(f)
-				return prot(code, ev, "%s at source STag %s TO 0x%x length %d", f, src, rr.SrcTO(), rr.Size())
-			}
-		}
-		job.atomic = false
-		job.sinkSTag, job.sinkTO, job.size = rr.SinkSTag(), rr.SinkTO(), rr.Size()
-		job.srcSTag, job.srcTO = src, rr.SrcTO()
-		r.act.kind = actPushResp
-		return nil
+		return r.readRequest(full, n)
 	}
+	return r.atomicRequest(full, n)
+}
+
+// readRequest checks a Read Request, whose full header bytes are in r.hdr,
+// and queues its response: the source must be readable for the whole size
+// now (RFC 5040 §7.2); it is checked again as each Read Response segment
+// is built. A Terminate echoes the Read Request's RDMA header too.
+func (r *rxState) readRequest(full, n int) error {
+	qp := r.qp
+	rr, err := rdmap.ParseReadRequest(r.hdr[r.hl:full])
+	if err != nil {
+		return r.decodeErr(err, EventInvalidReadRequest, full, n)
+	}
+	if !qp.cfg.InboundRead {
+		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteProtection, Code: term.ProtAccessRights},
+			EventReadNotEnabled, full, n, "inbound RDMA Read is not enabled on this QP")
+	}
+	src := STag(rr.SrcSTag())
+	if rr.Size() > 0 {
+		f := faultSTag
+		if e := r.c.dev.stags.lookup(src); e != nil {
+			e.mu.RLock()
+			_, _, f = e.remoteAccess(qp, src, rr.SrcTO(), uint64(rr.Size()), RemoteRead)
+			e.mu.RUnlock()
+		}
+		if f != faultNone {
+			cause, ev := f.terminate(siteRequest)
+			return r.perr(cause, ev, full, n, "%s at source STag %s TO 0x%x length %d", f, src, rr.SrcTO(), rr.Size())
+		}
+	}
+	job := &r.act.job
+	job.atomic = false
+	job.sinkSTag, job.sinkTO, job.size = rr.SinkSTag(), rr.SinkTO(), rr.Size()
+	job.srcSTag, job.srcTO = src, rr.SrcTO()
+	r.act.kind = actPushResp
+	return nil
+}
+
+// atomicRequest checks an Atomic Request, whose full header bytes are in
+// r.hdr, and queues it: the operation executes when its response is built.
+// The target must be an 8-byte aligned word the QP may access (RFC 7306
+// §8.2).
+func (r *rxState) atomicRequest(full, n int) error {
+	qp := r.qp
 	ar, err := rdmap.ParseAtomicRequest(r.hdr[r.hl:full])
 	if err != nil {
 		return r.decodeErr(err, EventUnexpectedOpcode, r.hl, n)
@@ -593,33 +599,26 @@ func (r *rxState) request(op rdmap.Opcode, h ddp.Untagged, payload, n int) error
 		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnexpectedOpcode},
 			EventUnexpectedOpcode, r.hl, n, "atomics are not enabled on this QP")
 	}
-	if ar.TO()%8 != 0 {
-		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpCatastrophicStream},
-			EventMisalignedAtomic, r.hl, n, "atomic target TO 0x%x is not 8-byte aligned", ar.TO())
-	}
 	stag := STag(ar.STag())
-	e := c.dev.stags.lookup(stag)
-	f := faultSTag
-	if e != nil {
-		e.mu.RLock()
-		var mp *mapping
-		var off uint64
-		mp, off, f = e.remoteAccess(qp, stag, ar.TO(), 8, RemoteAtomic)
-		if f == faultNone && mp.word(off) == nil {
-			f = faultAlignment
+	f := faultAlignment
+	if ar.TO()%8 == 0 {
+		f = faultSTag
+		if e := r.c.dev.stags.lookup(stag); e != nil {
+			e.mu.RLock()
+			var mp *mapping
+			var off uint64
+			mp, off, f = e.remoteAccess(qp, stag, ar.TO(), 8, RemoteAtomic)
+			if f == faultNone && mp.word(off) == nil {
+				f = faultAlignment // aligned TO, misaligned in memory
+			}
+			e.mu.RUnlock()
 		}
-		e.mu.RUnlock()
 	}
-	switch f {
-	case faultNone:
-	case faultAlignment:
-		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpCatastrophicStream},
-			EventMisalignedAtomic, r.hl, n, "atomic target at STag %s TO 0x%x is not 8-byte aligned in memory", stag, ar.TO())
-	default:
-		code, ev := readFault(f)
-		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteProtection, Code: code}, ev, r.hl, n,
-			"%s at atomic target STag %s TO 0x%x", f, stag, ar.TO())
+	if f != faultNone {
+		cause, ev := f.terminate(siteRequest)
+		return r.perr(cause, ev, r.hl, n, "%s atomic target at STag %s TO 0x%x", f, stag, ar.TO())
 	}
+	job := &r.act.job
 	job.atomic = true
 	job.req = rdmap.AtomicRequestFields{AOpcode: ar.AOpcode(), ReqID: ar.ReqID(), STag: ar.STag(), TO: ar.TO(),
 		AddSwap: ar.AddSwap(), AddSwapMask: ar.AddSwapMask(), Compare: ar.Compare(), CompareMask: ar.CompareMask()}

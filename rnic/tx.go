@@ -1,13 +1,11 @@
 package rnic
 
 import (
-	"encoding/binary"
 	"net"
 	"runtime"
 	"sync/atomic"
 	"syscall"
 
-	"github.com/rnic-dev/rnic/rnic/crc32c"
 	"github.com/rnic-dev/rnic/rnic/ddp"
 	"github.com/rnic-dev/rnic/rnic/mpa"
 	"github.com/rnic-dev/rnic/rnic/rdmap"
@@ -17,11 +15,11 @@ import (
 // The transmitter: one goroutine per stream owns the socket's write side.
 // It takes whole messages, in order, from the responder queue (Read and
 // Atomic Responses) and the send queue, alternating between the two, and
-// builds their FPDUs into one batch buffer: header, payload copied from the
-// memory region with the CRC computed in the same pass (crc32c.UpdateCopy),
-// pad and CRC. A batch goes to the socket in one write when it is full or
-// when there is nothing more to do; WQEs whose last byte is in it complete
-// after that write (RFC 5040 §5.5 rule 14).
+// has an mpa.Writer frame their FPDUs into one batch: header, payload copied
+// from the memory region with the CRC computed in the same pass, pad and
+// CRC. A batch goes to the socket in one write when it is full or when
+// there is nothing more to do; WQEs whose last byte is in it complete after
+// that write (RFC 5040 §5.5 rule 14).
 
 const (
 	batchFlush = 256 << 10               // write when the batch holds this much
@@ -31,17 +29,13 @@ const (
 type txState struct {
 	c       *conn
 	qp      *QP
-	batch   []byte
-	pending []uint32 // WQEs complete once the batch is written
+	w       *mpa.Writer // the batch
+	pending []uint32    // WQEs complete once the batch is written
 	msn     ddp.TxQueues
 	reqID   uint32
-	crc     bool
 	mulpdu  int
 	hdr     [ddp.UntaggedHeaderLen + rdmap.AtomicRequestLen]byte
 	scratch [rdmap.TerminateMaxLen]byte
-	// fpdu being built
-	start  int
-	crcAcc uint32
 	// preferResp alternates the two queues for fairness.
 	preferResp bool
 	writeErr   atomic.Pointer[error]
@@ -57,12 +51,11 @@ type txState struct {
 func (t *txState) init(c *conn) {
 	t.c = c
 	t.qp = c.qp
-	t.batch = make([]byte, 0, batchCap)
-	t.crc = c.info.CRC
+	t.w = mpa.NewWriter(batchCap, c.info.CRC)
 	t.mulpdu = c.info.MULPDU
 	t.msn = ddp.TxQueues{}
 	t.writeFn = func(fd uintptr) bool {
-		t.wn, t.werr = syscall.Write(int(fd), t.batch[t.off:])
+		t.wn, t.werr = syscall.Write(int(fd), t.w.Bytes()[t.off:])
 		return true
 	}
 }
@@ -121,7 +114,8 @@ func (t *txState) run() bool {
 			closeWrite(c.nc)
 			return true
 		case txSilent:
-			t.batch, t.off = t.batch[:0], 0
+			t.w.Reset()
+			t.off = 0
 			closeWrite(c.nc)
 			return true
 		case txGraceful:
@@ -130,7 +124,7 @@ func (t *txState) run() bool {
 			return true
 		}
 		if t.step() {
-			if len(t.batch) >= batchFlush {
+			if t.w.Len() >= batchFlush {
 				t.flush()
 			}
 			continue
@@ -174,9 +168,9 @@ func (c *conn) pushInline() {
 	}
 	t := &c.tx
 	done := false
-	if t.off == 0 && len(t.batch) == 0 {
+	if t.off == 0 && t.w.Len() == 0 {
 		t.inline = true
-		for len(t.batch) < inlineBatch && txMode(c.mode.Load()) == txRun && t.step() {
+		for t.w.Len() < inlineBatch && txMode(c.mode.Load()) == txRun && t.step() {
 		}
 		t.inline = false
 		done = t.flushNonBlocking()
@@ -230,7 +224,8 @@ func (t *txState) writeFailed(err error) {
 	c := t.c
 	t.writeErr.Store(&err)
 	c.log.Debug("write failed", "err", err)
-	t.batch, t.off = t.batch[:0], 0
+	t.w.Reset()
+	t.off = 0
 	t.pending = t.pending[:0]
 	c.setMode(txAbort)
 	reset(c.nc) // the receive loop sees the failure and ends the stream
@@ -239,21 +234,22 @@ func (t *txState) writeFailed(err error) {
 // flush writes the batch (blocking) and completes the WQEs it finished. It
 // reports whether any WQE completed.
 func (t *txState) flush() bool {
-	if t.off < len(t.batch) {
-		_, err := t.c.nc.Write(t.batch[t.off:])
+	if t.off < t.w.Len() {
+		_, err := t.c.nc.Write(t.w.Bytes()[t.off:])
 		if err != nil {
 			t.writeFailed(err)
 			return false
 		}
 	}
-	t.batch, t.off = t.batch[:0], 0
+	t.w.Reset()
+	t.off = 0
 	return t.completePending()
 }
 
 // flushNonBlocking writes what the socket takes now. It reports whether the
 // whole batch went out (and completes its WQEs if so).
 func (t *txState) flushNonBlocking() bool {
-	for t.off < len(t.batch) {
+	for t.off < t.w.Len() {
 		if werr := t.c.raw.Write(t.writeFn); werr != nil {
 			t.writeFailed(werr)
 			return false
@@ -271,7 +267,8 @@ func (t *txState) flushNonBlocking() bool {
 		}
 		t.off += n
 	}
-	t.batch, t.off = t.batch[:0], 0
+	t.w.Reset()
+	t.off = 0
 	t.completePending()
 	return true
 }
@@ -302,51 +299,14 @@ func (t *txState) cqOverflow(ev EventType) {
 }
 
 // beginFPDU starts an FPDU whose ULPDU is hdr followed by n payload bytes.
+// When the batch has no room for it, the transmit goroutine writes the
+// batch first; an inline sender, which must not block, lets it grow.
 func (t *txState) beginFPDU(hdr []byte, n int) {
-	ulpdu := len(hdr) + n
-	need := mpa.FPDULen(ulpdu)
-	if cap(t.batch)-len(t.batch) < need {
-		if t.inline {
-			t.batch = append(t.batch[:cap(t.batch)], make([]byte, need)...)[:len(t.batch)]
-		} else {
-			t.flush()
-		}
+	if !t.inline && !t.w.Fits(len(hdr)+n) {
+		t.flush()
 	}
-	t.start = len(t.batch)
-	t.batch = append(t.batch, byte(ulpdu>>8), byte(ulpdu))
-	t.batch = append(t.batch, hdr...)
-	if t.crc {
-		t.crcAcc = crc32c.Update(0, t.batch[t.start:])
-	}
+	t.w.Begin(hdr, n)
 }
-
-// payload appends payload bytes to the FPDU being built.
-func (t *txState) payload(src []byte) {
-	n := len(t.batch)
-	t.batch = t.batch[:n+len(src)]
-	if t.crc {
-		t.crcAcc = crc32c.UpdateCopy(t.crcAcc, t.batch[n:], src)
-	} else {
-		copy(t.batch[n:], src)
-	}
-}
-
-// endFPDU appends the pad and the CRC.
-func (t *txState) endFPDU() {
-	ulpdu := len(t.batch) - t.start - mpa.HeaderLen
-	pad := mpa.PadLen(ulpdu)
-	n := len(t.batch)
-	t.batch = t.batch[:n+pad+mpa.CRCLen]
-	clear(t.batch[n : n+pad])
-	var crc uint32
-	if t.crc {
-		crc = crc32c.Update(t.crcAcc, t.batch[n:n+pad])
-	}
-	binary.LittleEndian.PutUint32(t.batch[n+pad:], crc)
-}
-
-// abandonFPDU drops a partly built FPDU.
-func (t *txState) abandonFPDU() { t.batch = t.batch[:t.start] }
 
 func (t *txState) untagged(op rdmap.Opcode, last bool, inv uint32, qn, msn, mo uint32) []byte {
 	h := ddp.Untagged(t.hdr[:ddp.UntaggedHeaderLen])
@@ -368,7 +328,7 @@ func (t *txState) sendRTR() {
 	switch t.c.info.RTR {
 	case RTRWrite:
 		t.beginFPDU(t.tagged(rdmap.OpWrite, true, 0, 0), 0)
-		t.endFPDU()
+		t.w.End()
 	case RTRRead:
 		q := t.qp.sq
 		q.mu.Lock()
@@ -378,10 +338,10 @@ func (t *txState) sendRTR() {
 		rr := rdmap.ReadRequest(t.hdr[ddp.UntaggedHeaderLen : ddp.UntaggedHeaderLen+rdmap.ReadRequestLen])
 		rr.Encode(&rdmap.ReadRequestFields{})
 		t.beginFPDU(t.hdr[:len(h)+rdmap.ReadRequestLen], 0)
-		t.endFPDU()
+		t.w.End()
 	case RTRSend:
 		t.beginFPDU(t.untagged(rdmap.OpSend, true, 0, rdmap.QNSend, t.msn.Next(rdmap.QNSend), 0), 0)
-		t.endFPDU()
+		t.w.End()
 	}
 	t.flush()
 }
@@ -395,8 +355,8 @@ func (t *txState) sendTerminate() {
 	body := rdmap.AppendTerminate(t.scratch[:0], f)
 	h := t.untagged(rdmap.OpTerminate, true, 0, rdmap.QNTerminate, t.msn.Next(rdmap.QNTerminate), 0)
 	t.beginFPDU(h, len(body))
-	t.payload(body)
-	t.endFPDU()
+	t.w.Payload(body)
+	t.w.End()
 }
 
 // localError completes WQE idx with st and terminates the stream with an
@@ -527,7 +487,7 @@ func (t *txState) gather(sgl []SGE, off, n uint64) Status {
 		}
 		for rem := take; rem > 0; {
 			sp := mp.span(moff, rem)
-			t.payload(sp)
+			t.w.Payload(sp)
 			moff += uint64(len(sp))
 			rem -= uint64(len(sp))
 		}
@@ -560,12 +520,12 @@ func (t *txState) sendSend(idx uint32, wr *SendWR) {
 		last := uint64(off+n) == total
 		t.beginFPDU(t.untagged(op, last, inv, rdmap.QNSend, msn, uint32(off)), n)
 		if st := t.gather(wr.SGL, uint64(off), uint64(n)); st != StatusSuccess {
-			t.abandonFPDU()
+			t.w.Abandon()
 			t.localError(idx, st)
 			return
 		}
-		t.endFPDU()
-		if len(t.batch) >= batchFlush && !t.inline {
+		t.w.End()
+		if t.w.Len() >= batchFlush && !t.inline {
 			t.flush()
 		}
 	}
@@ -581,12 +541,12 @@ func (t *txState) sendWrite(idx uint32, wr *SendWR) {
 		last := uint64(off+n) == total
 		t.beginFPDU(t.tagged(rdmap.OpWrite, last, uint32(wr.Remote.STag), wr.Remote.TO+uint64(off)), n)
 		if st := t.gather(wr.SGL, uint64(off), uint64(n)); st != StatusSuccess {
-			t.abandonFPDU()
+			t.w.Abandon()
 			t.localError(idx, st)
 			return
 		}
-		t.endFPDU()
-		if len(t.batch) >= batchFlush && !t.inline {
+		t.w.End()
+		if t.w.Len() >= batchFlush && !t.inline {
 			t.flush()
 		}
 	}
@@ -605,8 +565,8 @@ func (t *txState) sendImmediate(idx uint32, se bool, imm uint64) {
 	b := t.scratch[:rdmap.ImmediateLen] // not a local array: the CRC kernels make it escape
 	rdmap.Immediate(b).SetData(imm)
 	t.beginFPDU(h, len(b))
-	t.payload(b)
-	t.endFPDU()
+	t.w.Payload(b)
+	t.w.End()
 }
 
 func (t *txState) sendRead(idx uint32, wr *SendWR) {
@@ -619,7 +579,7 @@ func (t *txState) sendRead(idx uint32, wr *SendWR) {
 	rr.Encode(&rdmap.ReadRequestFields{SinkSTag: uint32(wr.Local.STag), SinkTO: wr.Local.TO, Size: wr.Local.Len,
 		SrcSTag: uint32(wr.Remote.STag), SrcTO: wr.Remote.TO})
 	t.beginFPDU(t.hdr[:len(h)+rdmap.ReadRequestLen], 0)
-	t.endFPDU()
+	t.w.End()
 }
 
 func (t *txState) sendAtomic(idx uint32, wr *SendWR) {
@@ -641,7 +601,7 @@ func (t *txState) sendAtomic(idx uint32, wr *SendWR) {
 	ar := rdmap.AtomicRequest(t.hdr[len(h) : len(h)+rdmap.AtomicRequestLen])
 	ar.Encode(&f)
 	t.beginFPDU(t.hdr[:len(h)+rdmap.AtomicRequestLen], 0)
-	t.endFPDU()
+	t.w.End()
 }
 
 // respJob is a queued inbound Read Request or Atomic Request.
@@ -685,26 +645,10 @@ func (t *txState) sendResponse() bool {
 	return true
 }
 
-// readFault maps a failed Read Request source access to its RDMAP Remote
-// Protection code and event (RFC 5040 §7.2, draft C13.5).
-func readFault(f accessFault) (term.Code, EventType) {
-	switch f {
-	case faultPD:
-		return term.ProtSTagNotAssociated, EventIRRQInvalidPD
-	case faultRights:
-		return term.ProtAccessRights, EventIRRQAccessRights
-	case faultBounds:
-		return term.ProtBaseBounds, EventIRRQBaseBounds
-	case faultWrap:
-		return term.ProtTOWrap, EventIRRQWrap
-	}
-	return term.ProtInvalidSTag, EventIRRQInvalidSTag
-}
-
 func (t *txState) sendReadResponse(job *respJob) {
 	if job.size == 0 {
 		t.beginFPDU(t.tagged(rdmap.OpReadResponse, true, job.sinkSTag, job.sinkTO), 0)
-		t.endFPDU()
+		t.w.End()
 		return
 	}
 	dev := t.c.dev
@@ -724,11 +668,11 @@ func (t *txState) sendReadResponse(job *respJob) {
 				t.beginFPDU(t.tagged(rdmap.OpReadResponse, last, job.sinkSTag, job.sinkTO+uint64(off)), n)
 				for rem := uint64(n); rem > 0; {
 					sp := mp.span(moff, rem)
-					t.payload(sp)
+					t.w.Payload(sp)
 					moff += uint64(len(sp))
 					rem -= uint64(len(sp))
 				}
-				t.endFPDU()
+				t.w.End()
 			}
 			e.mu.RUnlock()
 		}
@@ -739,13 +683,12 @@ func (t *txState) sendReadResponse(job *respJob) {
 			rr.SetSinkTO(job.sinkTO + uint64(off))
 			rr.SetSize(job.size - uint32(off))
 			rr.SetSrcTO(job.srcTO + uint64(off))
-			code, ev := readFault(f)
-			cause := term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteProtection, Code: code}
+			cause, ev := f.terminate(siteRequest)
 			tf := rdmap.TerminateFor(cause, job.hdr[:ddp.UntaggedHeaderLen+rdmap.ReadRequestLen], ddp.UntaggedHeaderLen+rdmap.ReadRequestLen)
 			t.c.fail(tf, ev, nil)
 			return
 		}
-		if len(t.batch) >= batchFlush && !t.inline {
+		if t.w.Len() >= batchFlush && !t.inline {
 			t.flush()
 		}
 	}
@@ -772,15 +715,7 @@ func (t *txState) sendAtomicResponse(job *respJob) {
 		e.mu.RUnlock()
 	}
 	if f != faultNone {
-		var cause term.Cause
-		ev := EventMisalignedAtomic
-		if f == faultAlignment {
-			cause = term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpCatastrophicStream}
-		} else {
-			var code term.Code
-			code, ev = readFault(f)
-			cause = term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteProtection, Code: code}
-		}
+		cause, ev := f.terminate(siteRequest)
 		tf := rdmap.TerminateFor(cause, job.hdr[:ddp.UntaggedHeaderLen+rdmap.AtomicRequestLen], ddp.UntaggedHeaderLen+rdmap.AtomicRequestLen)
 		t.c.fail(tf, ev, nil)
 		return
@@ -789,6 +724,6 @@ func (t *txState) sendAtomicResponse(job *respJob) {
 	b := t.scratch[:rdmap.AtomicResponseLen]
 	rdmap.AtomicResponse(b).Encode(&rdmap.AtomicResponseFields{ReqID: r.ReqID, Original: orig})
 	t.beginFPDU(h, len(b))
-	t.payload(b)
-	t.endFPDU()
+	t.w.Payload(b)
+	t.w.End()
 }

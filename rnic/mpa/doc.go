@@ -18,6 +18,12 @@
 //
 // # FPDUs
 //
+// Writer frames every FPDU this module sends (AppendFPDU is one FPDU through
+// it): many FPDUs into one batch for one write, each payload copied from
+// where it lives and checksummed in the same pass. Reader parses them.
+// Markers are read but never written: the engine does not ask for them and
+// refuses a peer that requires them.
+//
 //	ULPDU_LENGTH (2, big-endian) | ULPDU | pad (0..3 zero bytes) | CRC32c (4)
 //
 // The pad makes 2 + ULPDU_LENGTH + pad a multiple of 4. The CRC32c
@@ -48,8 +54,9 @@
 // before Finish succeeds. Pad bytes are covered by the CRC but their value
 // is not checked. Errors are sticky, and no input makes a decoder panic
 // (fuzzed by FuzzReader, FuzzParseFrame and FuzzParseIRDORD). The encoders
-// trust their caller: AppendFPDU panics on a ULPDU over 65535 bytes, which
-// MULPDU-sized segmentation never produces.
+// trust their caller: Writer and AppendFPDU panic on a ULPDU over 65535
+// bytes, which MULPDU-sized segmentation never produces, and on payload
+// that does not match the length given to Begin.
 //
 // Where the RFC text was not at hand (RFC 5044 and 6581 are not in
 // shared/spec), the layout follows wire-checklist.md §10–§11, which was

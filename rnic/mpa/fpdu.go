@@ -1,12 +1,5 @@
 package mpa
 
-import (
-	"encoding/binary"
-	"fmt"
-
-	"github.com/rnic-dev/rnic/rnic/crc32c"
-)
-
 // FPDU framing (RFC 5044 §4).
 const (
 	HeaderLen      = 2   // ULPDU_LENGTH, big-endian
@@ -42,45 +35,12 @@ func MULPDU(emss int, markers bool) int {
 }
 
 // AppendFPDU appends one FPDU without markers whose ULPDU is hdr followed by
-// payload: the big-endian ULPDU_LENGTH, hdr, payload (copied and
-// checksummed in one pass), the zero pad and the CRC32c of everything before
-// it, least significant byte first (four zero bytes when crc is false).
-// len(hdr)+len(payload) must not exceed MaxULPDU.
+// payload (see Writer): the big-endian ULPDU_LENGTH, hdr, payload (copied
+// and checksummed in one pass), the zero pad and the CRC32c of everything
+// before it, least significant byte first (four zero bytes when crc is
+// false). len(hdr)+len(payload) must not exceed MaxULPDU.
 func AppendFPDU(dst, hdr, payload []byte, crc bool) []byte {
-	n := len(hdr) + len(payload)
-	if n > MaxULPDU {
-		panic(fmt.Sprintf("mpa: ULPDU of %d bytes exceeds %d", n, MaxULPDU))
-	}
-	start := len(dst)
-	pad := PadLen(n)
-	total := HeaderLen + n + pad + CRCLen
-	dst = grow(dst, total)
-	out := dst[start : start+total]
-	binary.BigEndian.PutUint16(out, uint16(n))
-	copy(out[HeaderLen:], hdr)
-	p := HeaderLen + len(hdr)
-	var sum uint32
-	if crc {
-		sum = crc32c.Update(0, out[:p])
-		sum = crc32c.UpdateCopy(sum, out[p:p+len(payload)], payload)
-	} else {
-		copy(out[p:], payload)
-	}
-	p += len(payload)
-	clear(out[p : p+pad])
-	if crc {
-		sum = crc32c.Update(sum, out[p:p+pad])
-	}
-	binary.LittleEndian.PutUint32(out[p+pad:], sum)
-	return dst
-}
-
-// grow extends b by n bytes, reallocating if needed.
-func grow(b []byte, n int) []byte {
-	if cap(b)-len(b) < n {
-		nb := make([]byte, len(b), len(b)+n+len(b)/4)
-		copy(nb, b)
-		b = nb
-	}
-	return b[:len(b)+n]
+	w := Writer{buf: dst, crc: crc}
+	w.Append(hdr, payload)
+	return w.buf
 }

@@ -91,6 +91,10 @@ type conn struct {
 	rd   *mpa.Reader
 
 	doorbell chan struct{}
+	// gate opens when the transmitter may send ULP messages: for a
+	// Responder once the Initiator's first FPDU arrived, for an Initiator
+	// once its RTR (RFC 6581), if any, is in the batch. Until then only
+	// the transmit goroutine sends (inline senders kick it).
 	gate     chan struct{}
 	gateOnce sync.Once
 	stop     chan struct{}
@@ -191,7 +195,7 @@ func newConn(qp *QP, s Stream) *conn {
 		}
 	}
 	c.rd = mpa.NewReader(s.Conn, mpa.ReaderConfig{CRC: s.CRC, Markers: s.RxMarkers, MaxULPDU: maxULPDU, BufSize: rxBufSize})
-	if s.Initiator {
+	if s.Initiator && s.RTR == RTRNone {
 		c.openGate()
 	}
 	c.tx.init(c)

@@ -191,7 +191,9 @@ func (r *rxState) run() (rxEnd, error) {
 		}
 		if !r.sawFirst {
 			r.sawFirst = true
-			c.openGate()
+			if !c.info.Initiator {
+				c.openGate() // the Initiator opens its own gate (txMain)
+			}
 		}
 		if end, done := r.apply(); done {
 			return end, nil

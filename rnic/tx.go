@@ -79,9 +79,14 @@ func (c *conn) txMain() {
 				return
 			}
 		}
-	} else if c.info.RTR != RTRNone && txMode(c.mode.Load()) == txRun {
+	} else if c.info.RTR != RTRNone {
+		// The RTR is the Initiator's first FPDU: nothing is sent inline
+		// before it (the gate is still closed).
 		c.txMu.Lock()
-		t.sendRTR()
+		if txMode(c.mode.Load()) == txRun {
+			t.sendRTR()
+		}
+		c.openGate()
 		c.txMu.Unlock()
 	}
 	for {

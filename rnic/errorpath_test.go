@@ -407,11 +407,14 @@ func flushedRecvs(t *testing.T, s *side, k int) {
 // TestModifyRTSToError: Modify QP RTS->Error resets the stream without a
 // Terminate (draft Fig. 12): when it returns the QP is in Error with every
 // outstanding WR flushed and no event raised; the peer sees LLP Connection
-// Reset, goes to Error and flushes its own WRs.
+// Reset, goes to Error and flushes its own WRs. A relay holds the peer's
+// Read Responses after 1 MiB, so the reset comes while the peer is sending
+// the first.
 func TestModifyRTSToError(t *testing.T) {
 	const big = 16 << 20
+	var px *proxy
 	var aRecv, bRecv *MR
-	a, b := newPair(t, pairOpts{}, func(a, b *side) {
+	a, b := newPair(t, pairOpts{proxy: &px}, func(a, b *side) {
 		aRecv, _ = a.reg(64, LocalWrite)
 		bRecv, _ = b.reg(64, LocalWrite)
 		for i := uint64(0); i < 3; i++ {
@@ -421,10 +424,15 @@ func TestModifyRTSToError(t *testing.T) {
 	})
 	src, _ := b.reg(big, LocalRead|RemoteRead)
 	sink, _ := a.reg(big, LocalWrite|RemoteWrite)
-	for i := uint64(10); i < 13; i++ { // b is sending the first response when the reset comes
+	held := px.hold(1 << 20)
+	for i := uint64(10); i < 13; i++ {
 		a.post(SendWR{ID: i, Op: WRRead, Local: SGE{STag: sink.STag(), Len: big}, Remote: RemoteAddr{STag: src.STag()}})
 	}
-	time.Sleep(5 * time.Millisecond)
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Read Responses did not reach the relay")
+	}
 	if err := a.qp.Modify(StateError, ModifyAttrs{}); err != nil {
 		t.Fatal(err)
 	}
@@ -435,18 +443,10 @@ func TestModifyRTSToError(t *testing.T) {
 	if len(wcs) != 3 {
 		t.Fatalf("%d send completions when Modify returned: %+v", len(wcs), wcs)
 	}
-	flushed := 0
 	for _, wc := range wcs {
-		switch wc.Status {
-		case StatusFlushed:
-			flushed++
-		case StatusSuccess: // a loaded machine may finish the first one
-		default:
-			t.Fatalf("read %+v", wc)
+		if wc.Status != StatusFlushed {
+			t.Fatalf("reads %+v: the outstanding ones must be flushed", wcs)
 		}
-	}
-	if flushed < 2 {
-		t.Fatalf("reads %+v: the outstanding ones must be flushed", wcs)
 	}
 	flushedRecvs(t, a, 3)
 	b.waitEvent(EventLLPConnectionReset)

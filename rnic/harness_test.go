@@ -263,13 +263,23 @@ func drainCQ(cq *CQ) []WC {
 
 func isClosed(err error) bool { return errors.Is(err, net.ErrClosed) }
 
-// proxy is a TCP relay between two devices: it accepts one connection and
-// copies bytes both ways to target. reset closes both of its connections
-// abortively (TCP RST), which each QP sees as an LLP reset.
+// proxy is a TCP relay between two devices: it accepts one connection (from
+// the Initiator) and copies bytes both ways to target (the Responder). An
+// end that closes is closed towards the other end the same way: a FIN as a
+// FIN, a reset as a reset. reset closes both of its connections abortively
+// (TCP RST), which each QP sees as an LLP reset. hold stops the Responder's
+// bytes towards the Initiator after a given amount.
 type proxy struct {
 	addr  string
 	mu    sync.Mutex
 	conns []net.Conn
+	// budget is how many more bytes the relay copies towards the
+	// Initiator (-1: no limit); when it reaches 0 the relay closes held
+	// and waits for release or the end of the connection.
+	budget  int64
+	held    chan struct{}
+	release chan struct{}
+	done    chan struct{}
 }
 
 func newProxy(t testing.TB, target string) *proxy {
@@ -278,7 +288,7 @@ func newProxy(t testing.TB, target string) *proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proxy{addr: ln.Addr().String()}
+	p := &proxy{addr: ln.Addr().String(), budget: -1, done: make(chan struct{})}
 	t.Cleanup(func() { ln.Close(); p.reset() })
 	go func() {
 		c1, err := ln.Accept()
@@ -291,23 +301,125 @@ func newProxy(t testing.TB, target string) *proxy {
 			c1.Close()
 			return
 		}
+		// A fixed, small receive buffer towards the Initiator (no
+		// autotuning) bounds what the Responder has in flight while the
+		// relay holds.
+		c2.(*net.TCPConn).SetReadBuffer(64 << 10)
 		p.mu.Lock()
 		p.conns = append(p.conns, c1, c2)
 		p.mu.Unlock()
-		go func() { io.Copy(c2, c1) }()
-		go func() { io.Copy(c1, c2) }()
+		go p.relay(c2, c1, false)
+		go p.relay(c1, c2, true)
 	}()
 	return p
+}
+
+// relay copies src to dst; toInitiator: under the hold budget.
+func (p *proxy) relay(dst, src net.Conn, toInitiator bool) {
+	buf := make([]byte, 32<<10)
+	for {
+		n := len(buf)
+		if toInitiator {
+			n = p.take(n)
+			if n == 0 {
+				return
+			}
+		}
+		k, err := src.Read(buf[:n])
+		if toInitiator {
+			p.giveBack(n - k)
+		}
+		if k > 0 {
+			if _, werr := dst.Write(buf[:k]); werr != nil {
+				resetConn(src)
+				return
+			}
+		}
+		switch {
+		case err == io.EOF:
+			dst.(*net.TCPConn).CloseWrite()
+			return
+		case err != nil:
+			resetConn(dst)
+			return
+		}
+	}
+}
+
+// take returns how many bytes (at most n) the relay towards the Initiator
+// may read now, waiting while it is held; 0 when the proxy is reset.
+func (p *proxy) take(n int) int {
+	for {
+		p.mu.Lock()
+		if p.budget < 0 {
+			p.mu.Unlock()
+			return n
+		}
+		if p.budget > 0 {
+			n = int(min(int64(n), p.budget))
+			p.budget -= int64(n)
+			p.mu.Unlock()
+			return n
+		}
+		held, release := p.held, p.release
+		select {
+		case <-held:
+		default:
+			close(held)
+		}
+		p.mu.Unlock()
+		select {
+		case <-release:
+		case <-p.done:
+			return 0
+		}
+	}
+}
+
+func (p *proxy) giveBack(n int) {
+	p.mu.Lock()
+	if p.budget >= 0 {
+		p.budget += int64(n)
+	}
+	p.mu.Unlock()
+}
+
+// hold lets n more bytes through towards the Initiator and then stops that
+// direction until release. The channel it returns is closed when the relay
+// has stopped there.
+func (p *proxy) hold(n int64) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.budget = n
+	p.held, p.release = make(chan struct{}), make(chan struct{})
+	return p.held
+}
+
+// unhold lifts the hold.
+func (p *proxy) unhold() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.budget = -1
+	close(p.release)
+}
+
+func resetConn(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	c.Close()
 }
 
 func (p *proxy) reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	select {
+	case <-p.done:
+	default:
+		close(p.done)
+	}
 	for _, c := range p.conns {
-		if tc, ok := c.(*net.TCPConn); ok {
-			tc.SetLinger(0)
-		}
-		c.Close()
+		resetConn(c)
 	}
 	p.conns = nil
 }

@@ -40,6 +40,7 @@ type Client struct {
 	noInline atomic.Bool
 
 	mu        sync.Mutex
+	target    int      // index in cfg.addrs of the target to dial next
 	sess      *session // nil while reconnecting
 	epoch     uint64
 	changed   chan struct{} // closed and replaced whenever sess changes
@@ -49,7 +50,8 @@ type Client struct {
 	wg        sync.WaitGroup
 }
 
-// Connect logs in to cfg.Volume at cfg.Addr.
+// Connect logs in to cfg.Volume at cfg.Addr (the first of its targets that
+// accepts the login).
 func Connect(ctx context.Context, cfg Config) (*Client, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
@@ -64,12 +66,24 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 		c.dev, c.ownDev = d, true
 	}
 	c.epoch = 1
-	s, err := c.dial(ctx, c.epoch)
-	if err != nil {
+	var s *session
+	var errs []error
+	for i, addr := range cfg.addrs {
+		var err error
+		if s, err = c.dial(ctx, c.epoch, addr); err == nil {
+			c.target = i
+			break
+		}
+		errs = append(errs, err)
+		if len(cfg.addrs) > 1 {
+			c.log.Warn("login failed; trying the next target", "addr", addr, "err", err)
+		}
+	}
+	if s == nil {
 		if c.ownDev {
 			c.dev.Close()
 		}
-		return nil, err
+		return nil, errors.Join(errs...)
 	}
 	c.sess, c.size, c.readOnly = s, s.size, s.readOnly
 	c.log.Info("logged in", "session", s.id, "slot", s.slot, "qps", len(s.qps), "size", s.size)
@@ -140,6 +154,11 @@ func (c *Client) lost(s *session) {
 	close(c.changed)
 	c.changed = make(chan struct{})
 	start := !c.closed && !c.reconnect
+	if len(c.cfg.addrs) > 1 && c.cfg.addrs[c.target] == s.addr {
+		// Gateways: the one that just failed is the least likely to
+		// answer; try the next first.
+		c.target = (c.target + 1) % len(c.cfg.addrs)
+	}
 	if c.cfg.NoReconnect && !c.closed {
 		c.fatal = fmt.Errorf("initiator: session lost (reconnect disabled): %w", s.cause)
 		start = false
@@ -160,18 +179,22 @@ func (c *Client) lost(s *session) {
 func (c *Client) reconnectLoop() {
 	defer c.wg.Done()
 	wait := c.cfg.ReconnectMin
+	// permanents counts consecutive targets that refused the login for
+	// good; the client gives up when all of them did.
+	permanents := 0
 	for {
 		c.mu.Lock()
 		closed := c.closed
 		c.epoch++
 		epoch := c.epoch
+		addr := c.cfg.addrs[c.target]
 		c.mu.Unlock()
 		if closed {
 			break
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		stop := c.onClose(cancel)
-		s, err := c.dial(ctx, epoch)
+		s, err := c.dial(ctx, epoch, addr)
 		stop()
 		cancel()
 		if err == nil {
@@ -189,10 +212,20 @@ func (c *Client) reconnectLoop() {
 			close(c.changed)
 			c.changed = make(chan struct{})
 			c.mu.Unlock()
-			c.log.Info("session re-established", "session", s.id, "slot", s.slot, "boot", s.bootID)
+			c.log.Info("session re-established", "session", s.id, "slot", s.slot, "boot", s.bootID, "target", addr)
 			return
 		}
 		if permanent(err) {
+			permanents++
+		} else {
+			permanents = 0
+		}
+		if len(c.cfg.addrs) > 1 {
+			c.mu.Lock()
+			c.target = (c.target + 1) % len(c.cfg.addrs)
+			c.mu.Unlock()
+		}
+		if permanents >= len(c.cfg.addrs) {
 			c.mu.Lock()
 			c.fatal = fmt.Errorf("initiator: cannot log in again: %w", err)
 			c.reconnect = false
@@ -202,7 +235,7 @@ func (c *Client) reconnectLoop() {
 			c.log.Error("giving up reconnecting", "err", err)
 			return
 		}
-		c.log.Info("reconnect failed; retrying", "in", wait, "err", err)
+		c.log.Info("reconnect failed; retrying", "in", wait, "target", addr, "err", err)
 		select {
 		case <-time.After(wait):
 		case <-c.closedCh():

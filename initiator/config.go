@@ -3,6 +3,7 @@ package initiator
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/rnic-dev/rnic/blockproto"
@@ -14,7 +15,12 @@ const DefaultInlineRead = 8192
 
 // Config configures a Client.
 type Config struct {
-	Addr      string // the target, "host:port"
+	// Addr is the target, "host:port"; for a volume several gateways
+	// serve (one at a time, as rtarget in front of Ceph RBD), a comma-
+	// separated list: the client logs in to the first that accepts and,
+	// when its session is lost, moves on to the next (see Failover in the
+	// package documentation).
+	Addr      string
 	Volume    string
 	Initiator string // this initiator's name
 	Secret    []byte // pre-shared with the target
@@ -39,6 +45,17 @@ type Config struct {
 	// NoReconnect makes a lost session fail the requests in flight
 	// instead of reconnecting and replaying them.
 	NoReconnect bool
+
+	// Heartbeat: every HeartbeatInterval the client reads the lock table's
+	// reservation word with an RDMA atomic, which the target's RNIC
+	// answers without touching its store. A session whose heartbeat is not
+	// answered within HeartbeatTimeout is lost (the target is stopped or
+	// cut off: its TCP connection may stay up for minutes), so the client
+	// reconnects, to the next target of Addr if there are several.
+	// Defaults 2 s and 15 s; a negative interval disables it.
+	HeartbeatInterval, HeartbeatTimeout time.Duration
+
+	addrs []string // Addr split
 }
 
 func (c *Config) fill() error {
@@ -48,7 +65,13 @@ func (c *Config) fill() error {
 	if len(c.Secret) == 0 {
 		return fmt.Errorf("%w: no secret", ErrAuth)
 	}
-	if c.Addr == "" {
+	c.addrs = nil
+	for _, a := range strings.Split(c.Addr, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			c.addrs = append(c.addrs, a)
+		}
+	}
+	if len(c.addrs) == 0 {
 		return fmt.Errorf("%w: no target address", ErrInvalid)
 	}
 	if c.Logger == nil {
@@ -82,6 +105,12 @@ func (c *Config) fill() error {
 	}
 	if c.ReconnectMax <= 0 {
 		c.ReconnectMax = 2 * time.Second
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = 2 * time.Second
+	}
+	if c.HeartbeatTimeout <= 0 {
+		c.HeartbeatTimeout = 15 * time.Second
 	}
 	return nil
 }

@@ -24,6 +24,9 @@ var (
 	// a clean shutdown since the last successful flush: writes it had
 	// acknowledged may not have reached its disk.
 	ErrWritesLost = errors.New("initiator: target restarted; writes acknowledged since the last flush may be lost")
+	// ErrTimeout: the target answered no heartbeat in time; the session
+	// was dropped (and is re-established, at the next target if any).
+	ErrTimeout = errors.New("initiator: target not responding")
 	// ErrProtocol: the target violated the block protocol.
 	ErrProtocol = errors.New("initiator: protocol violation by the target")
 

@@ -47,8 +47,8 @@ func permanent(err error) bool {
 // it to the session whose ID the first QP's WELCOME gave.
 func (q *iqp) login(ctx context.Context, join bool) error {
 	s, c := q.s, q.s.c
-	if _, err := c.dev.Connect(ctx, q.qp, c.cfg.Addr, rnic.ConnParams{ORD: c.cfg.ORD, IRD: 1, LargeFPDU: true}); err != nil {
-		return fmt.Errorf("initiator: connect %s: %w", c.cfg.Addr, err)
+	if _, err := c.dev.Connect(ctx, q.qp, s.addr, rnic.ConnParams{ORD: c.cfg.ORD, IRD: 1, LargeFPDU: true}); err != nil {
+		return fmt.Errorf("initiator: connect %s: %w", s.addr, err)
 	}
 	nonce, err := blockproto.NewNonce()
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 type session struct {
 	c     *Client
 	epoch uint64 // counts the client's sessions
+	addr  string // the target it logged in to
 
 	id          uint64
 	bootID      uint64
@@ -42,11 +43,11 @@ type session struct {
 	cause     error
 }
 
-// dial logs in a new session with cfg.QPs QPs.
-func (c *Client) dial(ctx context.Context, epoch uint64) (*session, error) {
+// dial logs in a new session with cfg.QPs QPs at addr.
+func (c *Client) dial(ctx context.Context, epoch uint64, addr string) (*session, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.LoginTimeout)
 	defer cancel()
-	s := &session{c: c, epoch: epoch, dead: make(chan struct{})}
+	s := &session{c: c, epoch: epoch, addr: addr, dead: make(chan struct{})}
 	var err error
 	if s.pd, err = c.dev.AllocPD(); err != nil {
 		return nil, fmt.Errorf("initiator: allocate PD: %w", err)
@@ -70,6 +71,9 @@ func (c *Client) dial(ctx context.Context, epoch uint64) (*session, error) {
 	s.bounce = newBouncePool(s.pd, s.maxTransfer, c.cfg.BounceBytes)
 	for _, q := range s.qps {
 		go q.poll()
+	}
+	if c.cfg.HeartbeatInterval > 0 && s.lockSTag != 0 {
+		go s.heartbeat(c.cfg.HeartbeatInterval, c.cfg.HeartbeatTimeout)
 	}
 	return s, nil
 }

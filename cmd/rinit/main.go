@@ -45,7 +45,8 @@ func sessionFlags() []cli.Flag {
 	}
 	fl := []cli.Flag{
 		clix.ConfigFlag("RINIT_"),
-		&cli.StringFlag{Name: "target", Value: "127.0.0.1:4420", Usage: "rtarget address HOST:PORT", EnvVars: []string{"RINIT_TARGET"}},
+		&cli.StringFlag{Name: "target", Value: "127.0.0.1:4420", Usage: "rtarget address HOST:PORT; for a volume several gateways serve (rtarget in front of Ceph RBD), " +
+			"a list HOST:PORT,HOST:PORT: rinit logs in to the first that accepts and moves to the next when its session is lost", EnvVars: []string{"RINIT_TARGET"}},
 		&cli.StringFlag{Name: "volume", Usage: "volume name (required)", EnvVars: []string{"RINIT_VOLUME"}},
 		&cli.StringFlag{Name: "secret-file", Usage: "file holding the pre-shared secret (default: the target's insecure default)",
 			EnvVars: []string{"RINIT_SECRET_FILE"}},
@@ -54,8 +55,20 @@ func sessionFlags() []cli.Flag {
 		&cli.IntFlag{Name: "qps", Value: 2, Usage: "RNIC queue pairs per session", EnvVars: []string{"RINIT_QPS"}},
 		&cli.IntFlag{Name: "queue-depth", Value: 32, Usage: "commands in flight per queue pair", EnvVars: []string{"RINIT_QUEUE_DEPTH"}},
 		&cli.DurationFlag{Name: "timeout", Value: 15 * time.Second, Usage: "connect and login timeout", EnvVars: []string{"RINIT_TIMEOUT"}},
+		&cli.DurationFlag{Name: "heartbeat", Value: 2 * time.Second, Usage: "interval of the liveness probe of the target " +
+			"(an RDMA atomic its RNIC answers without touching the store); 0 disables it", EnvVars: []string{"RINIT_HEARTBEAT"}},
+		&cli.DurationFlag{Name: "heartbeat-timeout", Value: 15 * time.Second, Usage: "a target that answers no probe for this " +
+			"long is dropped: rinit reconnects (to the next --target) and replays the requests in flight", EnvVars: []string{"RINIT_HEARTBEAT_TIMEOUT"}},
 	}
 	return append(fl, clix.LogFlags("RINIT_")...)
+}
+
+// heartbeat maps --heartbeat 0 (off) to the Config's negative interval.
+func heartbeat(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // connect logs in to the volume the flags name.
@@ -70,7 +83,8 @@ func connect(c *cli.Context, log *slog.Logger) (*initiator.Client, error) {
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 	defer cancel()
 	cl, err := initiator.Connect(ctx, initiator.Config{Addr: c.String("target"), Volume: c.String("volume"),
-		Initiator: c.String("name"), Secret: secret, Logger: log, QPs: c.Int("qps"), QueueDepth: c.Int("queue-depth")})
+		Initiator: c.String("name"), Secret: secret, Logger: log, QPs: c.Int("qps"), QueueDepth: c.Int("queue-depth"),
+		HeartbeatInterval: heartbeat(c.Duration("heartbeat")), HeartbeatTimeout: c.Duration("heartbeat-timeout")})
 	if err != nil {
 		return nil, fmt.Errorf("connect %s volume %s: %w", c.String("target"), c.String("volume"), err)
 	}

@@ -24,7 +24,7 @@ func TestGrantSTagDeadAfterUse(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	st := store.NewMemory()
 	defer st.Close()
-	if _, err := st.CreateVolume(ctx, "v", 16<<20, nil); err != nil {
+	if _, err := st.CreateVolume(ctx, "v", 16<<20, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	tdev, err := rnic.Open(rnic.Config{Name: "target", Logger: quiet})

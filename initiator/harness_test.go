@@ -63,7 +63,7 @@ func newEnv(t testing.TB, o envOpts) *env {
 	}
 	ctx := context.Background()
 	for _, v := range o.volumes {
-		if _, err := st.CreateVolume(ctx, v, o.size, nil); err != nil {
+		if _, err := st.CreateVolume(ctx, v, o.size, store.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -306,7 +306,7 @@ func flushChild(t *testing.T, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.CreateVolume(context.Background(), "vol0", 64<<20, nil); err != nil {
+	if _, err := st.CreateVolume(context.Background(), "vol0", 64<<20, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	dev, err := rnic.Open(rnic.Config{Name: "target", Logger: logger()})

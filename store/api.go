@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"maps"
+	"slices"
 	"time"
 )
 
@@ -10,46 +11,142 @@ import (
 // operation.
 const BlockSize = 4096
 
-// MaxAtomicWrite is the largest WriteBlocks, in bytes, that every backend
-// performs atomically (32 MiB, the largest NBD request). Larger writes are
-// atomic in pieces of at least this size.
+// MaxAtomicWrite is the largest WriteBlocks, in bytes, that is atomic with
+// respect to concurrent readers and writers of the same handle set (32 MiB,
+// the largest NBD request). Across a crash only each block is atomic: see
+// Volume.
 const MaxAtomicWrite = 32 << 20
 
-// VolumeInfo describes a volume. It is a value: the Meta map of a VolumeInfo
-// returned by this package is a private copy the caller may keep or modify.
+// Volume kinds, the Kind of a VolumeInfo. Backends outside this package
+// name their own ("rbd").
+const (
+	KindThin   = "thin"   // thin-provisioned in the data files of a thin store
+	KindRaw    = "raw"    // an existing file or block device served as it is
+	KindMemory = "memory" // in the memory store
+)
+
+// VolumeInfo describes a volume. It is a value: the maps and slices of a
+// VolumeInfo returned by this package are private copies the caller may
+// keep or modify.
+//
+// Volume.Info fills the identity fields (Name to ReadOnly); StatVolume and
+// ListVolumes fill the space figures and Snapshots too, which may cost a
+// scan of the volume's metadata.
 type VolumeInfo struct {
-	Name    string            // unique within its Store
+	Name    string            // unique within its Store; "VOL@SNAP" for a snapshot opened read-only
 	ID      uint32            // assigned at creation, never reused, stable across restarts
 	Size    int64             // bytes, a positive multiple of BlockSize
 	Created time.Time         // creation time (UTC)
 	Meta    map[string]string // caller-defined, stored with the volume
+
+	Kind     string // KindThin, KindRaw, KindMemory, or a backend's own
+	Origin   string // "VOL@SNAP" a clone was made from; "" otherwise
+	RawPath  string // the file or device of a KindRaw volume
+	ReadOnly bool   // a snapshot handle: writes fail with ErrReadOnly
+
+	// Allocated is the bytes the volume's own map holds (clusters shared
+	// with its snapshots included; for a clone, not what it still reads
+	// from its origin). Exclusive is the part of it no snapshot or other
+	// volume references: what deleting the volume alone would free. For a
+	// raw volume both are the bytes its file occupies.
+	Allocated int64
+	Exclusive int64
+	Snapshots []SnapshotInfo // oldest first
+}
+
+// SnapshotInfo describes a snapshot of a volume.
+type SnapshotInfo struct {
+	Name      string
+	Created   time.Time // UTC
+	Size      int64     // the volume's size when it was taken
+	Exclusive int64     // bytes that deleting the snapshot frees
+	Clones    []string  // volumes cloned from it, sorted
+}
+
+// CreateOptions are the optional parts of a new volume.
+type CreateOptions struct {
+	// Meta is stored with the volume (at most MaxMetaLen bytes of UTF-8).
+	Meta map[string]string
+	// Raw serves this existing file or block device as the volume, as it
+	// is: block n of the volume is bytes n*BlockSize of the file. The size
+	// argument of CreateVolume must then be 0 (the volume's size is the
+	// file's, rounded down to a whole block) or equal to it. Raw volumes
+	// have no snapshots (ErrNotSupported); deleting one forgets it and
+	// leaves the file alone.
+	Raw string
 }
 
 // Blocks returns the volume's size in blocks.
 func (vi VolumeInfo) Blocks() uint64 { return uint64(vi.Size) / BlockSize }
 
-// clone returns vi with its own copy of Meta.
+// clone returns vi with its own copies of Meta and Snapshots.
 func (vi VolumeInfo) clone() VolumeInfo {
 	if vi.Meta != nil {
 		vi.Meta = maps.Clone(vi.Meta)
 	}
+	if vi.Snapshots != nil {
+		vi.Snapshots = slices.Clone(vi.Snapshots)
+		for i := range vi.Snapshots {
+			vi.Snapshots[i].Clones = slices.Clone(vi.Snapshots[i].Clones)
+		}
+	}
 	return vi
 }
 
-// Store holds named volumes. All methods are safe for concurrent use.
+// Store holds named volumes and their snapshots. All methods are safe for
+// concurrent use.
+//
+// Names: a volume or snapshot name is 1 to MaxNameLen bytes of UTF-8
+// without control characters, '@' or '/'. "VOL@SNAP" names snapshot SNAP
+// of volume VOL where the methods say so.
 type Store interface {
-	// CreateVolume creates an empty (all-zero) volume. size must be a
-	// positive multiple of BlockSize. It fails with ErrExists if a volume of
-	// that name exists; an existing volume is never modified.
-	CreateVolume(ctx context.Context, name string, size int64, meta map[string]string) (VolumeInfo, error)
+	// CreateVolume creates an empty (all-zero) volume, or with opts.Raw a
+	// raw one. size must be a positive multiple of BlockSize. It fails with
+	// ErrExists if a volume of that name exists; an existing volume is never
+	// modified.
+	CreateVolume(ctx context.Context, name string, size int64, opts CreateOptions) (VolumeInfo, error)
 	// OpenVolume returns a handle on an existing volume, or ErrNotFound.
-	// A volume may be open several times at once.
+	// A volume may be open several times at once. "VOL@SNAP" opens a
+	// snapshot read-only.
 	OpenVolume(ctx context.Context, name string) (Volume, error)
-	// ListVolumes returns all volumes, sorted by name.
+	// StatVolume describes one volume, space figures and snapshots
+	// included.
+	StatVolume(ctx context.Context, name string) (VolumeInfo, error)
+	// ListVolumes returns all volumes, sorted by name, described as
+	// StatVolume does.
 	ListVolumes(ctx context.Context) ([]VolumeInfo, error)
-	// DeleteVolume removes a volume and all its blocks. It fails with
-	// ErrBusy while any handle on the volume is open.
+	// DeleteVolume removes a volume, its snapshots and all its data. It
+	// fails with ErrBusy while a handle on the volume or one of its
+	// snapshots is open, and with ErrHasDependents while a clone of one of
+	// its snapshots exists.
 	DeleteVolume(ctx context.Context, name string) error
+	// ResizeVolume changes a volume's size (a positive multiple of
+	// BlockSize). Growing is allowed while the volume is open: the open
+	// handles see the new size at once (Info, range checks); the new
+	// blocks read as zeros. Shrinking discards the blocks past the new end
+	// and fails with ErrBusy while the volume is open. Snapshots keep their
+	// own size.
+	ResizeVolume(ctx context.Context, name string, size int64) error
+	// CreateSnapshot takes a read-only, point-in-time snapshot of a volume,
+	// open or not: every write acknowledged before the call is in it, none
+	// started after it returns. It makes the volume's acknowledged writes
+	// durable (as Flush does) and takes constant time otherwise, whatever
+	// the volume's size.
+	CreateSnapshot(ctx context.Context, vol, snap string) (SnapshotInfo, error)
+	// DeleteSnapshot removes a snapshot anywhere in the volume's chain and
+	// frees the data only it referenced. It fails with ErrBusy while the
+	// snapshot is open and with ErrHasDependents while it has clones.
+	DeleteSnapshot(ctx context.Context, vol, snap string) error
+	// Clone creates a writable volume newName whose content is snapshot
+	// vol@snap; the two share their data until either side writes (copy on
+	// write). It takes constant time. opts.Raw must be empty.
+	Clone(ctx context.Context, vol, snap, newName string, opts CreateOptions) (VolumeInfo, error)
+	// Rollback makes a volume's content and size those of one of its
+	// snapshots. The snapshots (older and newer) and clones stay. It fails
+	// with ErrBusy while the volume is open.
+	Rollback(ctx context.Context, vol, snap string) error
+	// SetMeta replaces a volume's caller-defined map.
+	SetMeta(ctx context.Context, name string, meta map[string]string) error
 	// Sync makes everything acknowledged so far durable.
 	Sync(ctx context.Context) error
 	// Close syncs, closes every open Volume handle and releases the store.
@@ -58,11 +155,20 @@ type Store interface {
 }
 
 // Syncer is implemented by the Stores of this package: Syncs counts the
-// syncs to stable storage done so far, each a db.Sync with the fsyncs that
-// complete it (see Durability in the package documentation); always 0 for
-// the memory store, which has nothing to sync.
+// syncs to stable storage done so far (see Durability in the package
+// documentation); always 0 for the memory store, which has nothing to sync.
 type Syncer interface {
 	Syncs() uint64
+}
+
+// Extent is a run of blocks of the same allocation state, as BlockStatus
+// reports it.
+type Extent struct {
+	LBA, Count uint64
+	// Hole: the blocks are not allocated, read as zeros and cost no I/O to
+	// read (NBD's NBD_STATE_HOLE|NBD_STATE_ZERO). Otherwise they are
+	// allocated data, which may still read as zeros.
+	Hole bool
 }
 
 // Volume is an open handle on an array of BlockSize blocks. All methods are
@@ -72,29 +178,40 @@ type Syncer interface {
 // A request reaching beyond the end of the volume fails with ErrOutOfRange
 // and has no effect. Blocks never written read as zeros.
 //
-// A single WriteBlocks of up to MaxAtomicWrite bytes is atomic: a concurrent
-// or later reader, and the store after a crash, sees either all of its
-// blocks or none of them. Overlapping concurrent writes are ordered as
-// wholes: the last writer wins, for every block they share. A ReadBlocks
-// sees one consistent snapshot. Trim and WriteZeroes are atomic per block
-// only (a failed or cancelled one may leave part of its range discarded).
+// Concurrent requests: a single WriteBlocks of up to MaxAtomicWrite bytes
+// is atomic for readers and writers of the volume: a concurrent ReadBlocks
+// sees either all of its blocks or none of them, and of overlapping
+// concurrent writes the last one wins for every block they share. Trim and
+// WriteZeroes are atomic per block only.
+//
+// Crashes: what Flush, a FUA write or a FUA WriteZeroes made durable
+// survives a crash of the process or of the machine. A write that was not
+// made durable may be lost, or, if it spans several blocks, survive in part:
+// each block holds either its old or its new content, never a mix.
 type Volume interface {
-	// Info describes the volume.
+	// Info describes the volume (the identity fields; see VolumeInfo). Its
+	// Size follows a grow made while the handle is open.
 	Info() VolumeInfo
 	// ReadBlocks fills dst with the blocks starting at lba. A stored block
 	// that fails its checksum makes the read fail with ErrChecksum; the
 	// bytes of dst are then zeroed, never filled with the bad data.
 	ReadBlocks(ctx context.Context, lba uint64, dst []byte) error
 	// WriteBlocks stores src at lba. With fua set the data is durable before
-	// WriteBlocks returns.
+	// WriteBlocks returns. On a snapshot handle it fails with ErrReadOnly.
 	WriteBlocks(ctx context.Context, lba uint64, src []byte, fua bool) error
 	// Flush makes every write acknowledged before the call durable.
 	Flush(ctx context.Context) error
-	// Trim discards count blocks at lba; they read as zeros afterwards.
+	// Trim discards count blocks at lba; they read as zeros afterwards, and
+	// whole allocation units in the range are freed.
 	Trim(ctx context.Context, lba, count uint64) error
 	// WriteZeroes sets count blocks at lba to zeros (by discarding them).
 	// With fua set the change is durable before it returns.
 	WriteZeroes(ctx context.Context, lba, count uint64, fua bool) error
+	// BlockStatus reports the allocation of count blocks at lba as
+	// consecutive extents in lba order, covering the range exactly (the
+	// last may be cut at lba+count); fn returns false to stop early. It
+	// feeds NBD_CMD_BLOCK_STATUS (base:allocation).
+	BlockStatus(ctx context.Context, lba, count uint64, fn func(Extent) bool) error
 	// Close releases the handle, waiting for its operations in flight.
 	// Using the handle afterwards fails with ErrClosed.
 	Close() error

@@ -13,7 +13,11 @@ import (
 // Volume records in badger: create, look up, list. See doc.go for the key
 // layout.
 
-func (b *badgerBackend) createVolume(ctx context.Context, info VolumeInfo) (VolumeInfo, error) {
+func (b *badgerBackend) createVolume(ctx context.Context, info VolumeInfo, opts CreateOptions) (VolumeInfo, error) {
+	if opts.Raw != "" {
+		return VolumeInfo{}, fmt.Errorf("raw volumes in the badger store: %w", ErrNotSupported)
+	}
+	info.Kind = KindBadger
 	b.createMu.Lock()
 	defer b.createMu.Unlock()
 	err := b.db.Update(func(txn *badger.Txn) error {
@@ -78,7 +82,7 @@ func (b *badgerBackend) getVolume(_ context.Context, name string) (VolumeInfo, e
 	return info, err
 }
 
-func (b *badgerBackend) listVolumes(ctx context.Context) ([]VolumeInfo, error) {
+func (b *badgerBackend) listRecords(ctx context.Context) ([]VolumeInfo, error) {
 	var infos []VolumeInfo
 	err := b.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{prefixVolume}, PrefetchValues: true, PrefetchSize: 16})

@@ -12,6 +12,7 @@ import (
 type badgerDevice struct {
 	b  *badgerBackend
 	id uint32
+	n  uint64 // blocks
 }
 
 // read looks every block up in one read transaction (a consistent

@@ -160,10 +160,6 @@ func (b *badgerBackend) checkFormat() error {
 	return b.syncAll()
 }
 
-func (b *badgerBackend) device(info VolumeInfo) blockDevice {
-	return &badgerDevice{b: b, id: info.ID}
-}
-
 func (b *badgerBackend) sync(ctx context.Context) error {
 	return b.syncer.Sync(ctx)
 }

@@ -19,8 +19,6 @@ func newBadgerForTest(t *testing.T) Store {
 	return s
 }
 
-func TestBadgerConformance(t *testing.T) { runConformance(t, newBadgerForTest) }
-
 // badgerOf returns the badger backend behind a Store from OpenBadger.
 func badgerOf(s Store) *badgerBackend { return s.(*volumeStore).be.(*badgerBackend) }
 
@@ -55,7 +53,7 @@ func TestBadgerReopenKeepsVolumes(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	s := openBadger(t, dir, BadgerOptions{})
-	info, err := s.CreateVolume(ctx, "keep", 256*BlockSize, map[string]string{"k": "v"})
+	info, err := s.CreateVolume(ctx, "keep", 256*BlockSize, CreateOptions{Meta: map[string]string{"k": "v"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +73,7 @@ func TestBadgerReopenKeepsVolumes(t *testing.T) {
 
 	for round := range 2 {
 		s = openBadger(t, dir, BadgerOptions{})
-		_, err = s.CreateVolume(ctx, "keep", 8*BlockSize, nil)
+		_, err = s.CreateVolume(ctx, "keep", 8*BlockSize, CreateOptions{})
 		wantErr(t, "CreateVolume of an existing volume after reopen", err, ErrExists)
 		v, err = s.OpenVolume(ctx, "keep")
 		if err != nil {
@@ -97,7 +95,7 @@ func TestBadgerReopenKeepsVolumes(t *testing.T) {
 	if err := s.DeleteVolume(ctx, "keep"); err != nil {
 		t.Fatal(err)
 	}
-	other, err := s.CreateVolume(ctx, "other", BlockSize, nil)
+	other, err := s.CreateVolume(ctx, "other", BlockSize, CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

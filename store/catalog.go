@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,7 +12,7 @@ import (
 	"unicode/utf8"
 )
 
-// MaxNameLen is the longest volume name accepted, in bytes.
+// MaxNameLen is the longest volume or snapshot name accepted, in bytes.
 const MaxNameLen = 255
 
 // MaxMetaLen is the most bytes of keys and values a volume's Meta may hold.
@@ -21,53 +22,65 @@ const MaxMetaLen = 64 << 10
 type volumeStore struct {
 	be backend
 
-	mu       sync.Mutex
-	closed   bool
-	open     map[string]map[*volume]struct{} // open handles by volume name
-	deleting map[string]bool                 // names whose DeleteVolume is running
-	ops      sync.WaitGroup                  // store-level calls in flight
-}
-
-// Syncs implements Syncer: the syncs of a badger store; a memory store has
-// nothing to sync and reports 0.
-func (s *volumeStore) Syncs() uint64 {
-	if b, ok := s.be.(*badgerBackend); ok {
-		return uint64(b.syncs.Load())
-	}
-	return 0
+	mu     sync.Mutex
+	closed bool
+	// open holds the open handles by volume name; a snapshot handle counts
+	// under its volume too (snapOpen has them by "VOL@SNAP").
+	open     map[string]map[*volume]struct{}
+	snapOpen map[string]int
+	// excl holds the volumes an exclusive operation (delete, rollback,
+	// shrink) is working on: opens and other exclusive operations on them
+	// fail with ErrBusy meanwhile. The value names the operation.
+	excl map[string]string
+	ops  sync.WaitGroup // store-level calls in flight
 }
 
 func newVolumeStore(be backend) *volumeStore {
 	return &volumeStore{
 		be:       be,
 		open:     make(map[string]map[*volume]struct{}),
-		deleting: make(map[string]bool),
+		snapOpen: make(map[string]int),
+		excl:     make(map[string]string),
 	}
 }
 
-// enter registers a store-level call; it fails once Close has begun.
-func (s *volumeStore) enter() error {
+// enter registers a store-level call; it fails once Close has begun or if
+// ctx is done. The caller calls s.ops.Done.
+func (s *volumeStore) enter(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("store: %w", ErrClosed)
+		return ErrClosed
 	}
 	s.ops.Add(1)
 	return nil
 }
 
-func checkName(name string) error {
+// checkName accepts a name for a new volume or snapshot.
+func checkName(what, name string) error {
 	switch {
 	case name == "":
-		return fmt.Errorf("store: empty volume name: %w", ErrInvalid)
+		return fmt.Errorf("empty %s name: %w", what, ErrInvalid)
 	case len(name) > MaxNameLen:
-		return fmt.Errorf("store: volume name longer than %d bytes: %w", MaxNameLen, ErrInvalid)
+		return fmt.Errorf("%s name longer than %d bytes: %w", what, MaxNameLen, ErrInvalid)
 	case !utf8.ValidString(name):
-		return fmt.Errorf("store: volume name %q is not UTF-8: %w", name, ErrInvalid)
+		return fmt.Errorf("%s name %q is not UTF-8: %w", what, name, ErrInvalid)
 	case strings.ContainsFunc(name, unicode.IsControl):
-		return fmt.Errorf("store: volume name %q contains control characters: %w", name, ErrInvalid)
+		return fmt.Errorf("%s name %q contains control characters: %w", what, name, ErrInvalid)
+	case strings.ContainsAny(name, "@/"):
+		return fmt.Errorf("%s name %q contains '@' or '/': %w", what, name, ErrInvalid)
 	}
 	return nil
+}
+
+// SplitSnapshot splits "VOL@SNAP" into VOL and SNAP; a name without '@'
+// returns snap "".
+func SplitSnapshot(name string) (vol, snap string) {
+	vol, snap, _ = strings.Cut(name, "@")
+	return vol, snap
 }
 
 // checkMeta accepts UTF-8 keys and values (so they survive the JSON of a
@@ -76,103 +89,149 @@ func checkMeta(meta map[string]string) error {
 	n := 0
 	for k, v := range meta {
 		if !utf8.ValidString(k) || !utf8.ValidString(v) {
-			return fmt.Errorf("store: volume meta %q is not UTF-8: %w", k, ErrInvalid)
+			return fmt.Errorf("volume meta %q is not UTF-8: %w", k, ErrInvalid)
 		}
 		n += len(k) + len(v)
 	}
 	if n > MaxMetaLen {
-		return fmt.Errorf("store: volume meta of %d bytes, limit %d: %w", n, MaxMetaLen, ErrInvalid)
+		return fmt.Errorf("volume meta of %d bytes, limit %d: %w", n, MaxMetaLen, ErrInvalid)
 	}
 	return nil
 }
 
-func (s *volumeStore) CreateVolume(ctx context.Context, name string, size int64, meta map[string]string) (VolumeInfo, error) {
-	if err := checkName(name); err != nil {
-		return VolumeInfo{}, err
-	}
-	if err := checkMeta(meta); err != nil {
-		return VolumeInfo{}, err
-	}
+func checkSize(size int64) error {
 	if size <= 0 || size%BlockSize != 0 {
-		return VolumeInfo{}, fmt.Errorf("store: create volume %q: size %d is not a positive multiple of %d: %w",
-			name, size, BlockSize, ErrInvalid)
+		return fmt.Errorf("size %d is not a positive multiple of %d: %w", size, BlockSize, ErrInvalid)
 	}
-	if err := ctx.Err(); err != nil {
+	return nil
+}
+
+// newInfo returns the record of a new volume before the backend assigns
+// its id; Meta is the caller's copy.
+func newInfo(name string, size int64, meta map[string]string) VolumeInfo {
+	vi := VolumeInfo{Name: name, Size: size, Created: time.Now().UTC(), Meta: meta}
+	return vi.clone()
+}
+
+func (s *volumeStore) CreateVolume(ctx context.Context, name string, size int64, opts CreateOptions) (VolumeInfo, error) {
+	info, err := s.createVolume(ctx, name, size, opts)
+	if err != nil {
 		return VolumeInfo{}, fmt.Errorf("store: create volume %q: %w", name, err)
 	}
-	if err := s.enter(); err != nil {
+	return info, nil
+}
+
+func (s *volumeStore) createVolume(ctx context.Context, name string, size int64, opts CreateOptions) (VolumeInfo, error) {
+	if err := checkName("volume", name); err != nil {
+		return VolumeInfo{}, err
+	}
+	if err := checkMeta(opts.Meta); err != nil {
+		return VolumeInfo{}, err
+	}
+	if opts.Raw == "" || size != 0 {
+		if err := checkSize(size); err != nil {
+			return VolumeInfo{}, err
+		}
+	}
+	if err := s.enter(ctx); err != nil {
 		return VolumeInfo{}, err
 	}
 	defer s.ops.Done()
-	s.mu.Lock()
-	busy := s.deleting[name]
-	s.mu.Unlock()
-	if busy {
-		return VolumeInfo{}, fmt.Errorf("store: create volume %q: being deleted: %w", name, ErrBusy)
+	if op := s.exclusiveOp(name); op != "" {
+		return VolumeInfo{}, fmt.Errorf("%s in progress: %w", op, ErrBusy)
 	}
-	info := VolumeInfo{Name: name, Size: size, Created: time.Now().UTC(), Meta: meta}
-	info = info.clone()
-	info, err := s.be.createVolume(ctx, info)
+	info, err := s.be.createVolume(ctx, newInfo(name, size, opts.Meta), opts)
 	if err != nil {
-		return VolumeInfo{}, fmt.Errorf("store: create volume %q: %w", name, err)
+		return VolumeInfo{}, err
 	}
 	return info.clone(), nil
 }
 
+func (s *volumeStore) exclusiveOp(name string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.excl[name]
+}
+
 func (s *volumeStore) OpenVolume(ctx context.Context, name string) (Volume, error) {
-	if err := ctx.Err(); err != nil {
+	v, err := s.openVolume(ctx, name)
+	if err != nil {
 		return nil, fmt.Errorf("store: open volume %q: %w", name, err)
 	}
-	if err := s.enter(); err != nil {
+	return v, nil
+}
+
+func (s *volumeStore) openVolume(ctx context.Context, name string) (Volume, error) {
+	if err := s.enter(ctx); err != nil {
 		return nil, err
 	}
 	defer s.ops.Done()
-	// Register the handle before looking the volume up, so a DeleteVolume
-	// starting meanwhile sees it and fails with ErrBusy.
-	v := &volume{store: s}
+	volName, snap := SplitSnapshot(name)
+	// Register the handle before looking the volume up, so an exclusive
+	// operation starting meanwhile sees it and fails with ErrBusy.
+	v := &volume{store: s, name: volName, ref: name}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, fmt.Errorf("store: open volume %q: %w", name, ErrClosed)
+		return nil, ErrClosed
 	}
-	if s.deleting[name] {
+	if op := s.excl[volName]; op != "" {
 		s.mu.Unlock()
-		return nil, fmt.Errorf("store: open volume %q: being deleted: %w", name, ErrBusy)
+		return nil, fmt.Errorf("%s in progress: %w", op, ErrBusy)
 	}
-	hs := s.open[name]
+	hs := s.open[volName]
 	if hs == nil {
 		hs = make(map[*volume]struct{})
-		s.open[name] = hs
+		s.open[volName] = hs
 	}
 	hs[v] = struct{}{}
+	if snap != "" {
+		s.snapOpen[name]++
+	}
 	s.mu.Unlock()
 
-	info, err := s.be.getVolume(ctx, name)
-	if err != nil {
-		s.release(name, v)
-		return nil, fmt.Errorf("store: open volume %q: %w", name, err)
+	info, err := s.be.getVolume(ctx, volName)
+	if err == nil {
+		v.dev, v.info, err = s.be.open(ctx, info, snap)
 	}
-	v.info, v.blocks, v.dev = info, info.Blocks(), s.be.device(info)
+	if err != nil {
+		s.release(v)
+		return nil, err
+	}
 	return v, nil
 }
 
 // release forgets a closed handle.
-func (s *volumeStore) release(name string, v *volume) {
+func (s *volumeStore) release(v *volume) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	hs := s.open[name]
+	hs := s.open[v.name]
 	delete(hs, v)
 	if len(hs) == 0 {
-		delete(s.open, name)
+		delete(s.open, v.name)
+	}
+	if v.ref != v.name {
+		if s.snapOpen[v.ref]--; s.snapOpen[v.ref] <= 0 {
+			delete(s.snapOpen, v.ref)
+		}
 	}
 }
 
-func (s *volumeStore) ListVolumes(ctx context.Context) ([]VolumeInfo, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("store: list volumes: %w", err)
+func (s *volumeStore) StatVolume(ctx context.Context, name string) (VolumeInfo, error) {
+	if err := s.enter(ctx); err != nil {
+		return VolumeInfo{}, fmt.Errorf("store: stat volume %q: %w", name, err)
 	}
-	if err := s.enter(); err != nil {
-		return nil, err
+	defer s.ops.Done()
+	info, err := s.be.statVolume(ctx, name)
+	if err != nil {
+		return VolumeInfo{}, fmt.Errorf("store: stat volume %q: %w", name, err)
+	}
+	return info.clone(), nil
+}
+
+func (s *volumeStore) ListVolumes(ctx context.Context) ([]VolumeInfo, error) {
+	if err := s.enter(ctx); err != nil {
+		return nil, fmt.Errorf("store: list volumes: %w", err)
 	}
 	defer s.ops.Done()
 	infos, err := s.be.listVolumes(ctx)
@@ -186,45 +245,197 @@ func (s *volumeStore) ListVolumes(ctx context.Context) ([]VolumeInfo, error) {
 	return infos, nil
 }
 
-func (s *volumeStore) DeleteVolume(ctx context.Context, name string) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("store: delete volume %q: %w", name, err)
-	}
-	if err := s.enter(); err != nil {
+// exclusive runs fn as an exclusive operation op on volume name: it fails
+// with ErrBusy while handles on the volume are open (busy reports which
+// count) or another exclusive operation runs, and keeps opens out while fn
+// runs.
+func (s *volumeStore) exclusive(ctx context.Context, name, op string, busy func(handles, snapHandles int) bool,
+	fn func(info VolumeInfo) error) error {
+	if err := s.enter(ctx); err != nil {
 		return err
 	}
 	defer s.ops.Done()
 	s.mu.Lock()
-	switch {
-	case len(s.open[name]) > 0:
-		n := len(s.open[name])
+	if cur := s.excl[name]; cur != "" {
 		s.mu.Unlock()
-		return fmt.Errorf("store: delete volume %q: %d open handles: %w", name, n, ErrBusy)
-	case s.deleting[name]:
-		s.mu.Unlock()
-		return fmt.Errorf("store: delete volume %q: already being deleted: %w", name, ErrBusy)
+		return fmt.Errorf("%s already in progress: %w", cur, ErrBusy)
 	}
-	s.deleting[name] = true
+	n, snaps := len(s.open[name]), 0
+	for ref, c := range s.snapOpen {
+		if v, _ := SplitSnapshot(ref); v == name {
+			snaps += c
+		}
+	}
+	if busy(n-snaps, snaps) {
+		s.mu.Unlock()
+		if snaps > 0 {
+			return fmt.Errorf("%d open handles (%d on snapshots): %w", n, snaps, ErrBusy)
+		}
+		return fmt.Errorf("%d open handles: %w", n, ErrBusy)
+	}
+	s.excl[name] = op
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		delete(s.deleting, name)
+		delete(s.excl, name)
 		s.mu.Unlock()
 	}()
-
 	info, err := s.be.getVolume(ctx, name)
+	if err != nil {
+		return err
+	}
+	return fn(info)
+}
+
+// shared runs fn on volume name as a non-exclusive operation: it fails
+// with ErrBusy while an exclusive one runs.
+func (s *volumeStore) shared(ctx context.Context, name string, fn func(info VolumeInfo) error) error {
+	if err := s.enter(ctx); err != nil {
+		return err
+	}
+	defer s.ops.Done()
+	if op := s.exclusiveOp(name); op != "" {
+		return fmt.Errorf("%s in progress: %w", op, ErrBusy)
+	}
+	info, err := s.be.getVolume(ctx, name)
+	if err != nil {
+		return err
+	}
+	return fn(info)
+}
+
+func anyOpen(handles, snaps int) bool { return handles+snaps > 0 }
+
+func (s *volumeStore) DeleteVolume(ctx context.Context, name string) error {
+	err := s.exclusive(ctx, name, "delete", anyOpen, func(info VolumeInfo) error {
+		return s.be.deleteVolume(ctx, info)
+	})
 	if err != nil {
 		return fmt.Errorf("store: delete volume %q: %w", name, err)
 	}
-	if err := s.be.deleteVolume(ctx, info); err != nil {
-		return fmt.Errorf("store: delete volume %q (id %d): %w", name, info.ID, err)
+	return nil
+}
+
+func (s *volumeStore) ResizeVolume(ctx context.Context, name string, size int64) error {
+	err := checkSize(size)
+	if err == nil {
+		err = s.resize(ctx, name, size)
+	}
+	if err != nil {
+		return fmt.Errorf("store: resize volume %q to %d bytes: %w", name, size, err)
+	}
+	return nil
+}
+
+func (s *volumeStore) resize(ctx context.Context, name string, size int64) error {
+	// A grow runs beside open handles; a shrink needs the volume closed.
+	var cur VolumeInfo
+	err := s.shared(ctx, name, func(info VolumeInfo) error { cur = info; return nil })
+	if err != nil {
+		return err
+	}
+	if size >= cur.Size {
+		return s.shared(ctx, name, func(info VolumeInfo) error {
+			if size < info.Size {
+				return fmt.Errorf("volume shrank meanwhile to %d bytes: %w", info.Size, ErrBusy)
+			}
+			s.mu.Lock()
+			open := len(s.open[name]) > 0
+			s.mu.Unlock()
+			return s.be.resizeVolume(ctx, info, size, open)
+		})
+	}
+	headOpen := func(handles, _ int) bool { return handles > 0 }
+	return s.exclusive(ctx, name, "shrink", headOpen, func(info VolumeInfo) error {
+		return s.be.resizeVolume(ctx, info, size, false)
+	})
+}
+
+func (s *volumeStore) CreateSnapshot(ctx context.Context, vol, snap string) (SnapshotInfo, error) {
+	var si SnapshotInfo
+	err := checkName("snapshot", snap)
+	if err == nil {
+		err = s.shared(ctx, vol, func(info VolumeInfo) error {
+			var err error
+			si, err = s.be.createSnapshot(ctx, info, snap)
+			return err
+		})
+	}
+	if err != nil {
+		return SnapshotInfo{}, fmt.Errorf("store: snapshot %s@%s: %w", vol, snap, err)
+	}
+	return si, nil
+}
+
+func (s *volumeStore) DeleteSnapshot(ctx context.Context, vol, snap string) error {
+	err := s.shared(ctx, vol, func(info VolumeInfo) error {
+		s.mu.Lock()
+		n := s.snapOpen[vol+"@"+snap]
+		s.mu.Unlock()
+		if n > 0 {
+			return fmt.Errorf("%d open handles: %w", n, ErrBusy)
+		}
+		return s.be.deleteSnapshot(ctx, info, snap)
+	})
+	if err != nil {
+		return fmt.Errorf("store: delete snapshot %s@%s: %w", vol, snap, err)
+	}
+	return nil
+}
+
+func (s *volumeStore) Clone(ctx context.Context, vol, snap, newName string, opts CreateOptions) (VolumeInfo, error) {
+	var out VolumeInfo
+	err := checkName("volume", newName)
+	if err == nil {
+		err = checkMeta(opts.Meta)
+	}
+	if err == nil && opts.Raw != "" {
+		err = fmt.Errorf("a clone cannot be raw: %w", ErrInvalid)
+	}
+	if err == nil {
+		err = s.shared(ctx, vol, func(origin VolumeInfo) error {
+			if op := s.exclusiveOp(newName); op != "" {
+				return fmt.Errorf("%s of %q in progress: %w", op, newName, ErrBusy)
+			}
+			info, err := s.be.clone(ctx, origin, snap, newInfo(newName, 0, opts.Meta))
+			out = info.clone()
+			return err
+		})
+	}
+	if err != nil {
+		return VolumeInfo{}, fmt.Errorf("store: clone %s@%s to %q: %w", vol, snap, newName, err)
+	}
+	return out, nil
+}
+
+func (s *volumeStore) Rollback(ctx context.Context, vol, snap string) error {
+	headOpen := func(handles, _ int) bool { return handles > 0 }
+	err := s.exclusive(ctx, vol, "rollback", headOpen, func(info VolumeInfo) error {
+		return s.be.rollback(ctx, info, snap)
+	})
+	if err != nil {
+		return fmt.Errorf("store: rollback %s to @%s: %w", vol, snap, err)
+	}
+	return nil
+}
+
+func (s *volumeStore) SetMeta(ctx context.Context, name string, meta map[string]string) error {
+	err := checkMeta(meta)
+	if err == nil {
+		err = s.shared(ctx, name, func(info VolumeInfo) error {
+			m := VolumeInfo{Meta: meta}.clone().Meta
+			return s.be.setMeta(ctx, info, m)
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("store: set meta of %q: %w", name, err)
 	}
 	return nil
 }
 
 func (s *volumeStore) Sync(ctx context.Context) error {
-	if err := s.enter(); err != nil {
-		return err
+	if err := s.enter(ctx); err != nil {
+		return fmt.Errorf("store: sync: %w", err)
 	}
 	defer s.ops.Done()
 	if err := s.be.sync(ctx); err != nil {
@@ -249,11 +460,25 @@ func (s *volumeStore) Close() error {
 	s.mu.Unlock()
 
 	s.ops.Wait()
+	var errs []error
 	for _, v := range handles {
-		v.shut()
+		if err := v.shut(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := s.be.close(); err != nil {
-		return fmt.Errorf("store: close: %w", err)
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("store: close: %w", errors.Join(errs...))
 	}
 	return nil
+}
+
+// Syncs implements Syncer for the backends that sync (0 for the others).
+func (s *volumeStore) Syncs() uint64 {
+	if sy, ok := s.be.(Syncer); ok {
+		return sy.Syncs()
+	}
+	return 0
 }

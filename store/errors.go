@@ -16,12 +16,20 @@ var (
 	ErrInvalid    = errors.New("invalid argument")
 	ErrLocked     = errors.New("data directory in use by another store")
 	ErrCorrupt    = errors.New("store metadata corrupt")
+	// ErrNotSupported: the backend or the volume's kind cannot do this
+	// (snapshots of a raw volume, for instance).
+	ErrNotSupported = errors.New("not supported")
+	// ErrHasDependents: a snapshot has clones, or a volume has snapshots
+	// with clones.
+	ErrHasDependents = errors.New("has dependent clones")
+	// ErrReadOnly: a write to a snapshot handle.
+	ErrReadOnly = errors.New("read-only")
 )
 
 // OpError is the error of a block operation on a volume. It names the
 // operation, the volume and the block range; Err holds the cause.
 type OpError struct {
-	Op     string // "read", "write", "flush", "trim", "write-zeroes"
+	Op     string // "read", "write", "flush", "trim", "write-zeroes", "block-status"
 	Volume string
 	LBA    uint64
 	Count  uint64 // blocks

@@ -68,7 +68,7 @@ func isZero(b []byte) bool {
 func mustCreate(t testing.TB, s Store, name string, size int64) Volume {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := s.CreateVolume(ctx, name, size, nil); err != nil {
+	if _, err := s.CreateVolume(ctx, name, size, CreateOptions{}); err != nil {
 		t.Fatalf("CreateVolume(%q): %v", name, err)
 	}
 	v, err := s.OpenVolume(ctx, name)

@@ -9,10 +9,11 @@ import (
 // volume implements Volume: it checks arguments and ranges, tracks
 // operations in flight and adds context to errors; dev does the I/O.
 type volume struct {
-	store  *volumeStore
-	info   VolumeInfo
-	blocks uint64
-	dev    blockDevice
+	store *volumeStore
+	name  string // the volume's name
+	ref   string // what was opened: name, or "name@snap"
+	info  VolumeInfo
+	dev   blockDevice
 
 	// mu is held shared by every operation and exclusively by Close, so
 	// Close waits for operations in flight.
@@ -20,10 +21,14 @@ type volume struct {
 	closed bool
 }
 
-func (v *volume) Info() VolumeInfo { return v.info.clone() }
+func (v *volume) Info() VolumeInfo {
+	info := v.info.clone()
+	info.Size = int64(v.dev.blocks()) * BlockSize
+	return info
+}
 
 func (v *volume) InMemory() bool {
-	_, ok := v.dev.(*memVolume)
+	_, ok := v.dev.(*memDevice)
 	return ok
 }
 
@@ -46,11 +51,22 @@ func (v *volume) begin(ctx context.Context, lba, count uint64) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return checkRange(lba, count, v.blocks)
+	return checkRange(lba, count, v.dev.blocks())
+}
+
+// beginWrite is begin for an operation that changes data.
+func (v *volume) beginWrite(ctx context.Context, lba, count uint64) error {
+	if err := v.begin(ctx, lba, count); err != nil {
+		return err
+	}
+	if v.info.ReadOnly {
+		return fmt.Errorf("%s is a snapshot: %w", v.ref, ErrReadOnly)
+	}
+	return nil
 }
 
 func (v *volume) opError(op string, lba, count uint64, err error) error {
-	return &OpError{Op: op, Volume: v.info.Name, LBA: lba, Count: count, Err: err}
+	return &OpError{Op: op, Volume: v.ref, LBA: lba, Count: count, Err: err}
 }
 
 // bufBlocks returns the number of blocks in a buffer of n bytes.
@@ -85,7 +101,7 @@ func (v *volume) WriteBlocks(ctx context.Context, lba uint64, src []byte, fua bo
 		return v.opError("write", lba, count, err)
 	}
 	defer v.mu.RUnlock()
-	if err := v.begin(ctx, lba, count); err != nil {
+	if err := v.beginWrite(ctx, lba, count); err != nil {
 		return v.opError("write", lba, count, err)
 	}
 	if count == 0 {
@@ -122,7 +138,7 @@ func (v *volume) WriteZeroes(ctx context.Context, lba, count uint64, fua bool) e
 
 func (v *volume) discard(ctx context.Context, op string, lba, count uint64, fua bool) error {
 	defer v.mu.RUnlock()
-	if err := v.begin(ctx, lba, count); err != nil {
+	if err := v.beginWrite(ctx, lba, count); err != nil {
 		return v.opError(op, lba, count, err)
 	}
 	var err error
@@ -137,22 +153,75 @@ func (v *volume) discard(ctx context.Context, op string, lba, count uint64, fua 
 	return nil
 }
 
-func (v *volume) Close() error {
-	if !v.shut() {
-		return fmt.Errorf("store: close volume %q: %w", v.info.Name, ErrClosed)
+func (v *volume) BlockStatus(ctx context.Context, lba, count uint64, fn func(Extent) bool) error {
+	defer v.mu.RUnlock()
+	if err := v.begin(ctx, lba, count); err != nil {
+		return v.opError("block-status", lba, count, err)
 	}
-	v.store.release(v.info.Name, v)
+	if count == 0 {
+		return nil
+	}
+	if err := v.dev.blockStatus(ctx, lba, count, fn); err != nil {
+		return v.opError("block-status", lba, count, err)
+	}
 	return nil
 }
 
-// shut marks the handle closed once operations in flight are done; it
-// reports whether this call closed it.
-func (v *volume) shut() bool {
+func (v *volume) Close() error {
+	v.mu.Lock()
+	closed := v.closed
+	v.mu.Unlock()
+	if closed {
+		return fmt.Errorf("store: close volume %q: %w", v.ref, ErrClosed)
+	}
+	err := v.shut()
+	v.store.release(v)
+	if err != nil {
+		return fmt.Errorf("store: close volume %q: %w", v.ref, err)
+	}
+	return nil
+}
+
+// shut marks the handle closed once operations in flight are done and
+// releases its device; a handle already shut returns nil.
+func (v *volume) shut() error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.closed {
-		return false
+		return nil
 	}
 	v.closed = true
+	return v.dev.release()
+}
+
+// extentRun merges per-block (or per-unit) allocation states into extents
+// for BlockStatus: add appends a run, done flushes the last. It stops (add
+// returns false) when fn does.
+type extentRun struct {
+	fn      func(Extent) bool
+	cur     Extent
+	have    bool
+	stopped bool
+}
+
+func (r *extentRun) add(lba, count uint64, hole bool) bool {
+	if r.stopped || count == 0 {
+		return !r.stopped
+	}
+	if r.have && r.cur.Hole == hole && r.cur.LBA+r.cur.Count == lba {
+		r.cur.Count += count
+		return true
+	}
+	if r.have && !r.fn(r.cur) {
+		r.stopped = true
+		return false
+	}
+	r.cur, r.have = Extent{LBA: lba, Count: count, Hole: hole}, true
 	return true
+}
+
+func (r *extentRun) done() {
+	if r.have && !r.stopped {
+		r.fn(r.cur)
+	}
 }

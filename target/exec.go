@@ -39,7 +39,7 @@ func (q *qconn) checkIO(off uint64, n uint32, max int) blockproto.Status {
 		return blockproto.StatusInvalid
 	case max > 0 && int(n) > max:
 		return blockproto.StatusTooLarge
-	case off+uint64(n) > uint64(q.sess.vol.info.Size):
+	case off+uint64(n) > uint64(q.sess.vol.size.Load()):
 		return blockproto.StatusRange
 	}
 	return blockproto.StatusOK

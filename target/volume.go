@@ -18,9 +18,12 @@ const numStripes = 1024
 // volume is an exported volume: the store handle, the lock table and the
 // sessions logged in to it. It lives while sessions use it.
 type volume struct {
-	name     string
-	v        store.Volume
-	info     store.VolumeInfo
+	name string
+	v    store.Volume
+	info store.VolumeInfo
+	// size is the volume's size in bytes as of the latest login (a volume
+	// grown while served shows its new size to sessions logging in).
+	size     atomic.Int64
 	readOnly bool
 	refs     int // sessions (under Target.mu)
 
@@ -43,8 +46,9 @@ type volume struct {
 
 func newVolume(name string, v store.Volume, readOnly bool, locks uint32) *volume {
 	words := make([]uint64, blockproto.LockTableLen(locks)/8)
-	vol := &volume{name: name, v: v, info: v.Info(), readOnly: readOnly, words: words,
+	vol := &volume{name: name, v: v, info: v.Info(), readOnly: readOnly || v.Info().ReadOnly, words: words,
 		mem: unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)}
+	vol.size.Store(vol.info.Size)
 	// Tokens of an earlier incarnation of the target (or of this volume
 	// state) are below the wall clock, so they start out stale.
 	g := uint64(time.Now().UnixNano())

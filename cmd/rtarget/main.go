@@ -30,11 +30,3 @@ func newApp() *cli.App {
 		Commands:        []*cli.Command{serveCommand(), volumeCommand()},
 	})
 }
-
-func dataFlags() []cli.Flag {
-	return []cli.Flag{
-		&cli.StringFlag{Name: "data", Value: "./rtarget-data", Usage: "store directory (badger)", EnvVars: []string{"RTARGET_DATA"}},
-		&cli.StringFlag{Name: "store", Value: "badger", Usage: "store backend: badger (on disk, in --data) or memory (lost on exit)",
-			EnvVars: []string{"RTARGET_STORE"}},
-	}
-}

@@ -34,11 +34,8 @@ func serveCommand() *cli.Command {
 			EnvVars: []string{"RTARGET_METRICS_LISTEN"}},
 		&cli.DurationFlag{Name: "drain-timeout", Value: 30 * time.Second, Usage: "on SIGTERM, how long to wait for requests in flight",
 			EnvVars: []string{"RTARGET_DRAIN_TIMEOUT"}},
-		&cli.StringFlag{Name: "mapped-budget", Value: "96M", Usage: "badger: file-backed memory kept mapped before value log pages are " +
-			"taken out of the process (bounds RSS near 256 MiB; 'off' disables: faster random reads, RSS grows with the page cache " +
-			"the volume uses)", EnvVars: []string{"RTARGET_MAPPED_BUDGET"}},
 	}
-	flags = append(flags, dataFlags()...)
+	flags = append(flags, storeFlags()...)
 	flags = append(flags, clix.LogFlags("RTARGET_")...)
 	flags = append(flags, clix.ProfileFlag("RTARGET_"), clix.CPUsFlag("RTARGET_"))
 	// The --volume values of the command line and RTARGET_VOLUME, before
@@ -88,32 +85,6 @@ func parseVolumeSpecs(specs []string) ([]volumeSpec, error) {
 	return out, nil
 }
 
-func openStore(c *cli.Context, log *slog.Logger) (store.Store, error) {
-	switch c.String("store") {
-	case "memory":
-		return store.NewMemory(), nil
-	case "badger":
-		opts := store.BadgerOptions{Logger: log}
-		if mb := c.String("mapped-budget"); c.Command.Names()[0] == "serve" && mb != "" {
-			if mb == "off" {
-				opts.MappedBudget = -1
-			} else {
-				n, err := clix.ParseSize(mb)
-				if err != nil {
-					return nil, fmt.Errorf("--mapped-budget: %w", err)
-				}
-				opts.MappedBudget = n
-			}
-		}
-		st, err := store.OpenBadger(c.String("data"), opts)
-		if err != nil {
-			return nil, fmt.Errorf("open store %s: %w", c.String("data"), err)
-		}
-		return st, nil
-	}
-	return nil, fmt.Errorf("--store %q: want badger or memory", c.String("store"))
-}
-
 // ensureVolumes creates the volumes that do not exist and returns their
 // names. An existing volume is never recreated: a different size is
 // reported and the volume kept.
@@ -134,7 +105,7 @@ func ensureVolumes(ctx context.Context, st store.Store, specs []volumeSpec, log 
 			}
 			continue
 		}
-		if _, err := st.CreateVolume(ctx, s.name, s.size, map[string]string{"created-by": "rtarget serve"}); err != nil {
+		if _, err := st.CreateVolume(ctx, s.name, s.size, store.CreateOptions{Meta: map[string]string{"created-by": "rtarget serve"}}); err != nil {
 			return created, fmt.Errorf("create volume %s: %w", s.name, err)
 		}
 		sizes[s.name] = s.size
@@ -235,7 +206,7 @@ func runServe(c *cli.Context, given []string) error {
 	}
 	ctx, stop := context.WithCancel(c.Context)
 	defer stop()
-	st, err := openStore(c, log)
+	st, err := openStore(c, log, true)
 	if err != nil {
 		return err
 	}

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"text/tabwriter"
+	"path/filepath"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -17,7 +17,7 @@ import (
 )
 
 func volumeCommand() *cli.Command {
-	flags := append([]cli.Flag{clix.ConfigFlag("RTARGET_")}, dataFlags()[0])
+	flags := append([]cli.Flag{clix.ConfigFlag("RTARGET_")}, storeFlags()...)
 	flags = append(flags, clix.LogFlags("RTARGET_")...)
 	sub := func(name, usage, args string, action cli.ActionFunc, extra ...cli.Flag) *cli.Command {
 		return &cli.Command{Name: name, Usage: usage, ArgsUsage: args, Flags: append(append([]cli.Flag{}, flags...), extra...),
@@ -25,31 +25,67 @@ func volumeCommand() *cli.Command {
 	}
 	return &cli.Command{
 		Name:  "volume",
-		Usage: "manage the volumes of a store (offline: stop rtarget serve first)",
-		Description: "These commands open the badger store in --data directly; the store can be open in only one\n" +
-			"process at a time, so run them while rtarget serve is stopped.",
+		Usage: "manage the volumes of a store",
+		Description: "These commands open the store in --data directly; the store can be open in only one process at\n" +
+			"a time, so run them while rtarget serve is stopped.\n\n" +
+			"NAME@SNAP names snapshot SNAP of volume NAME. Sizes take K, M, G, T suffixes (powers of 1024).",
 		Subcommands: []*cli.Command{
-			sub("create", "create an empty (all-zero) volume", "NAME SIZE", volumeCreate),
-			sub("list", "list volumes", "", volumeList),
-			sub("delete", "delete a volume and all its data", "NAME", volumeDelete),
+			sub("create", "create an empty (all-zero) thin volume of SIZE bytes, or with --raw serve an existing file or "+
+				"block device as it is", "NAME SIZE | --raw PATH NAME", volumeCreate,
+				&cli.StringFlag{Name: "raw", Usage: "serve this existing file or block device as the volume (its size is the file's)",
+					EnvVars: []string{"RTARGET_RAW"}}),
+			sub("list", "list volumes with their size, allocated bytes and snapshots", "", volumeList,
+				&cli.BoolFlag{Name: "json", Usage: "print JSON (an array of volumes) instead of a table", EnvVars: []string{"RTARGET_JSON"}}),
+			sub("delete", "delete a volume with its snapshots and all its data, or one snapshot", "NAME | NAME@SNAP", volumeDelete),
+			sub("snapshot", "take a read-only snapshot of a volume (instant)", "NAME SNAP", volumeSnapshot),
+			sub("clone", "create a writable volume from a snapshot (instant; shares data until written)", "NAME@SNAP NEWNAME",
+				volumeClone),
+			sub("rollback", "return a volume to a snapshot (content and size); the volume must not be in use", "NAME@SNAP",
+				volumeRollback),
+			sub("resize", "grow (also while in use) or shrink (discards the end; not while in use) a volume", "NAME SIZE",
+				volumeResize),
 			sub("import", "copy a raw image into a volume (creates it with the image's size if missing)", "NAME FILE", volumeImport,
 				progressFlag()),
-			sub("export", "copy a volume out to a raw image file", "NAME FILE", volumeExport, progressFlag()),
+			sub("export", "copy a volume or a snapshot out to a raw image file", "NAME[@SNAP] FILE", volumeExport, progressFlag()),
 		},
 	}
 }
 
-func withStore(c *cli.Context, nargs int, f func(ctx context.Context, st store.Store, args []string) error) error {
+// volumeManager is what the volume commands need of a store.
+type volumeManager interface {
+	CreateVolume(ctx context.Context, name string, size int64, opts store.CreateOptions) (store.VolumeInfo, error)
+	StatVolume(ctx context.Context, name string) (store.VolumeInfo, error)
+	ListVolumes(ctx context.Context) ([]store.VolumeInfo, error)
+	DeleteVolume(ctx context.Context, name string) error
+	ResizeVolume(ctx context.Context, name string, size int64) error
+	CreateSnapshot(ctx context.Context, vol, snap string) (store.SnapshotInfo, error)
+	DeleteSnapshot(ctx context.Context, vol, snap string) error
+	Clone(ctx context.Context, vol, snap, newName string, opts store.CreateOptions) (store.VolumeInfo, error)
+	Rollback(ctx context.Context, vol, snap string) error
+	SetMeta(ctx context.Context, name string, meta map[string]string) error
+}
+
+var _ volumeManager = store.Store(nil)
+
+func checkArgs(c *cli.Context, nargs int) error {
 	if c.NArg() != nargs {
 		return fmt.Errorf("%s: want %d argument(s): %s", c.Command.FullName(), nargs, c.Command.ArgsUsage)
+	}
+	return nil
+}
+
+// withStore opens the store for f.
+func withStore(c *cli.Context, nargs int, f func(ctx context.Context, st store.Store, args []string) error) error {
+	if err := checkArgs(c, nargs); err != nil {
+		return err
 	}
 	log, err := clix.Logger(c, os.Stderr)
 	if err != nil {
 		return err
 	}
-	st, err := store.OpenBadger(c.String("data"), store.BadgerOptions{Logger: log})
+	st, err := openStore(c, log, false)
 	if err != nil {
-		return fmt.Errorf("open store %s: %w", c.String("data"), err)
+		return err
 	}
 	err = f(c.Context, st, c.Args().Slice())
 	if cerr := st.Close(); err == nil && cerr != nil {
@@ -58,44 +94,136 @@ func withStore(c *cli.Context, nargs int, f func(ctx context.Context, st store.S
 	return err
 }
 
+// withManager runs f on the store.
+func withManager(c *cli.Context, nargs int, f func(ctx context.Context, m volumeManager, args []string) error) error {
+	return withStore(c, nargs, func(ctx context.Context, st store.Store, args []string) error { return f(ctx, st, args) })
+}
+
+// splitSnap parses NAME@SNAP.
+func splitSnap(arg string) (vol, snap string, err error) {
+	vol, snap = store.SplitSnapshot(arg)
+	if vol == "" || snap == "" {
+		return "", "", fmt.Errorf("%q: want NAME@SNAP", arg)
+	}
+	return vol, snap, nil
+}
+
+func parseVolumeSize(s string) (int64, error) {
+	n, err := clix.ParseSize(s)
+	if err != nil {
+		return 0, err
+	}
+	if n <= 0 || n%store.BlockSize != 0 {
+		return 0, fmt.Errorf("size %s: must be a positive multiple of %d bytes", s, store.BlockSize)
+	}
+	return n, nil
+}
+
 func volumeCreate(c *cli.Context) error {
-	return withStore(c, 2, func(ctx context.Context, st store.Store, a []string) error {
-		n, err := clix.ParseSize(a[1])
+	raw := c.String("raw")
+	nargs := 2
+	if raw != "" {
+		nargs = 1
+	}
+	return withManager(c, nargs, func(ctx context.Context, m volumeManager, a []string) error {
+		var size int64
+		if raw == "" {
+			n, err := parseVolumeSize(a[1])
+			if err != nil {
+				return err
+			}
+			size = n
+		} else if abs, err := filepath.Abs(raw); err == nil {
+			raw = abs
+		}
+		info, err := m.CreateVolume(ctx, a[0], size, store.CreateOptions{Raw: raw,
+			Meta: map[string]string{"created-by": "rtarget volume create"}})
 		if err != nil {
-			return err
-		}
-		if n%store.BlockSize != 0 {
-			return fmt.Errorf("size must be a multiple of %d bytes", store.BlockSize)
-		}
-		if _, err := st.CreateVolume(ctx, a[0], n, map[string]string{"created-by": "rtarget volume create"}); err != nil {
 			return fmt.Errorf("create %s: %w", a[0], err)
 		}
-		fmt.Fprintf(c.App.Writer, "created %s (%s)\n", a[0], clix.FormatSize(n))
+		fmt.Fprintf(c.App.Writer, "created %s volume %s (%s)\n", info.Kind, a[0], clix.FormatSize(info.Size))
 		return nil
 	})
 }
 
 func volumeList(c *cli.Context) error {
-	return withStore(c, 0, func(ctx context.Context, st store.Store, _ []string) error {
-		vs, err := st.ListVolumes(ctx)
+	return withManager(c, 0, func(ctx context.Context, m volumeManager, _ []string) error {
+		vs, err := m.ListVolumes(ctx)
 		if err != nil {
 			return err
 		}
-		tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tSIZE\tBYTES\tCREATED")
-		for _, v := range vs {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", v.Name, clix.FormatSize(v.Size), v.Size, v.Created.Format(time.RFC3339))
+		if c.Bool("json") {
+			return writeVolumesJSON(c.App.Writer, vs)
 		}
-		return tw.Flush()
+		return writeVolumesTable(c.App.Writer, vs)
 	})
 }
 
 func volumeDelete(c *cli.Context) error {
-	return withStore(c, 1, func(ctx context.Context, st store.Store, a []string) error {
-		if err := st.DeleteVolume(ctx, a[0]); err != nil {
+	return withManager(c, 1, func(ctx context.Context, m volumeManager, a []string) error {
+		vol, snap := store.SplitSnapshot(a[0])
+		if snap != "" {
+			if err := m.DeleteSnapshot(ctx, vol, snap); err != nil {
+				return fmt.Errorf("delete %s: %w", a[0], err)
+			}
+		} else if err := m.DeleteVolume(ctx, vol); err != nil {
 			return fmt.Errorf("delete %s: %w", a[0], err)
 		}
 		fmt.Fprintf(c.App.Writer, "deleted %s\n", a[0])
+		return nil
+	})
+}
+
+func volumeSnapshot(c *cli.Context) error {
+	return withManager(c, 2, func(ctx context.Context, m volumeManager, a []string) error {
+		start := time.Now()
+		if _, err := m.CreateSnapshot(ctx, a[0], a[1]); err != nil {
+			return fmt.Errorf("snapshot %s: %w", a[0], err)
+		}
+		fmt.Fprintf(c.App.Writer, "created snapshot %s@%s in %s\n", a[0], a[1], time.Since(start).Round(time.Microsecond))
+		return nil
+	})
+}
+
+func volumeClone(c *cli.Context) error {
+	return withManager(c, 2, func(ctx context.Context, m volumeManager, a []string) error {
+		vol, snap, err := splitSnap(a[0])
+		if err != nil {
+			return err
+		}
+		info, err := m.Clone(ctx, vol, snap, a[1], store.CreateOptions{Meta: map[string]string{"created-by": "rtarget volume clone"}})
+		if err != nil {
+			return fmt.Errorf("clone %s: %w", a[0], err)
+		}
+		fmt.Fprintf(c.App.Writer, "created clone %s of %s (%s)\n", a[1], a[0], clix.FormatSize(info.Size))
+		return nil
+	})
+}
+
+func volumeRollback(c *cli.Context) error {
+	return withManager(c, 1, func(ctx context.Context, m volumeManager, a []string) error {
+		vol, snap, err := splitSnap(a[0])
+		if err != nil {
+			return err
+		}
+		if err := m.Rollback(ctx, vol, snap); err != nil {
+			return fmt.Errorf("rollback %s: %w", vol, err)
+		}
+		fmt.Fprintf(c.App.Writer, "rolled %s back to %s\n", vol, a[0])
+		return nil
+	})
+}
+
+func volumeResize(c *cli.Context) error {
+	return withManager(c, 2, func(ctx context.Context, m volumeManager, a []string) error {
+		n, err := parseVolumeSize(a[1])
+		if err != nil {
+			return err
+		}
+		if err := m.ResizeVolume(ctx, a[0], n); err != nil {
+			return fmt.Errorf("resize %s: %w", a[0], err)
+		}
+		fmt.Fprintf(c.App.Writer, "resized %s to %s\n", a[0], clix.FormatSize(n))
 		return nil
 	})
 }
@@ -135,7 +263,7 @@ func volumeImport(c *cli.Context) error {
 			if vsize == 0 {
 				return fmt.Errorf("import %s: empty image", a[1])
 			}
-			if _, err = st.CreateVolume(ctx, a[0], vsize, map[string]string{"created-by": "rtarget volume import"}); err != nil {
+			if _, err = st.CreateVolume(ctx, a[0], vsize, store.CreateOptions{Meta: map[string]string{"created-by": "rtarget volume import"}}); err != nil {
 				return fmt.Errorf("create %s: %w", a[0], err)
 			}
 			vol, err = st.OpenVolume(ctx, a[0])

@@ -1,4 +1,4 @@
-package store
+package storetest
 
 import (
 	"context"
@@ -6,12 +6,9 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
-)
 
-func TestMemoryRandomConcurrent(t *testing.T) { testRandomConcurrent(t, newMemoryForTest(t)) }
-func TestBadgerRandomConcurrent(t *testing.T) { testRandomConcurrent(t, newBadgerForTest(t)) }
-func TestMemoryAtomicWrites(t *testing.T)     { testAtomicWrites(t, newMemoryForTest(t)) }
-func TestBadgerAtomicWrites(t *testing.T)     { testAtomicWrites(t, newBadgerForTest(t)) }
+	"github.com/rnic-dev/rnic/store"
+)
 
 // testRandomConcurrent runs 8 goroutines of random reads, writes, trims,
 // write-zeroes and flushes on one volume and checks every read against an
@@ -19,8 +16,7 @@ func TestBadgerAtomicWrites(t *testing.T)     { testAtomicWrites(t, newBadgerFor
 // s%workers == its number, so its model of its stripes is exact; reads
 // across the whole volume check that every block holds a block-sized,
 // uncorrupted pattern written for that very lba (or zeros).
-func testRandomConcurrent(t *testing.T, s Store) {
-	defer s.Close()
+func testRandomConcurrent(t *testing.T, s *suite) {
 	const (
 		workers = 8
 		stripe  = 16
@@ -30,7 +26,7 @@ func testRandomConcurrent(t *testing.T, s Store) {
 	if testing.Short() {
 		ops = 150
 	}
-	v := mustCreate(t, s, "rand", blocks*BlockSize)
+	v := s.mustCreate("rand", blocks*bs)
 	defer v.Close()
 	ctx := context.Background()
 
@@ -58,14 +54,14 @@ func testRandomConcurrent(t *testing.T, s Store) {
 	all := mustRead(t, v, 0, blocks)
 	for lba := uint64(0); lba < blocks; lba++ {
 		want := models[(lba/stripe)%workers][lba]
-		got, ok := blockTag(all[lba*BlockSize:(lba+1)*BlockSize], lba)
+		got, ok := BlockTag(all[lba*bs:(lba+1)*bs], lba)
 		if !ok || got != want {
 			t.Fatalf("final block %d: tag %d (valid %v), model %d", lba, got, ok, want)
 		}
 	}
 }
 
-func randomWorker(ctx context.Context, v Volume, w, workers, stripe, blocks, ops int, model map[uint64]uint64) error {
+func randomWorker(ctx context.Context, v store.Volume, w, workers, stripe, blocks, ops int, model map[uint64]uint64) error {
 	rng := rand.New(rand.NewPCG(uint64(w), 42))
 	seq := uint64(0)
 	// ownRange picks a range of up to max blocks inside one of w's stripes.
@@ -82,7 +78,7 @@ func randomWorker(ctx context.Context, v Volume, w, workers, stripe, blocks, ops
 			lba, n := ownRange(stripe)
 			seq++
 			tag := uint64(w+1)<<32 | seq
-			if err := v.WriteBlocks(ctx, lba, patternBlocks(lba, n, tag), rng.IntN(10) == 0); err != nil {
+			if err := v.WriteBlocks(ctx, lba, Pattern(lba, n, tag), rng.IntN(10) == 0); err != nil {
 				return err
 			}
 			for i := range uint64(n) {
@@ -104,12 +100,12 @@ func randomWorker(ctx context.Context, v Volume, w, workers, stripe, blocks, ops
 			}
 		case op < 75: // read own blocks: exact
 			lba, n := ownRange(stripe)
-			buf := make([]byte, n*BlockSize)
+			buf := make([]byte, n*bs)
 			if err := v.ReadBlocks(ctx, lba, buf); err != nil {
 				return err
 			}
 			for i := range uint64(n) {
-				got, ok := blockTag(buf[i*BlockSize:(i+1)*BlockSize], lba+i)
+				got, ok := BlockTag(buf[i*bs:(i+1)*bs], lba+i)
 				if !ok || got != model[lba+i] {
 					return fmt.Errorf("block %d: tag %d (valid %v), model %d", lba+i, got, ok, model[lba+i])
 				}
@@ -117,12 +113,12 @@ func randomWorker(ctx context.Context, v Volume, w, workers, stripe, blocks, ops
 		case op < 98: // read anywhere: every block valid for its lba
 			n := 1 + rng.IntN(64)
 			lba := uint64(rng.IntN(blocks - n + 1))
-			buf := make([]byte, n*BlockSize)
+			buf := make([]byte, n*bs)
 			if err := v.ReadBlocks(ctx, lba, buf); err != nil {
 				return err
 			}
 			for i := range uint64(n) {
-				if _, ok := blockTag(buf[i*BlockSize:(i+1)*BlockSize], lba+i); !ok {
+				if _, ok := BlockTag(buf[i*bs:(i+1)*bs], lba+i); !ok {
 					return fmt.Errorf("block %d holds data written for another block, or corrupt data", lba+i)
 				}
 			}
@@ -138,8 +134,7 @@ func randomWorker(ctx context.Context, v Volume, w, workers, stripe, blocks, ops
 // testAtomicWrites has writers overwrite overlapping ranges as wholes while
 // readers check that each read sees, over the ranges every writer covers,
 // the blocks of one single write.
-func testAtomicWrites(t *testing.T, s Store) {
-	defer s.Close()
+func testAtomicWrites(t *testing.T, s *suite) {
 	const blocks = 64
 	// Writer i writes ranges[i%3]; all ranges cover [16, 48).
 	ranges := [][2]uint64{{0, 64}, {0, 48}, {16, 48}}
@@ -148,7 +143,7 @@ func testAtomicWrites(t *testing.T, s Store) {
 	if testing.Short() {
 		writes = 30
 	}
-	v := mustCreate(t, s, "atomic", blocks*BlockSize)
+	v := s.mustCreate("atomic", blocks*bs)
 	defer v.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -162,7 +157,7 @@ func testAtomicWrites(t *testing.T, s Store) {
 			r := ranges[w%len(ranges)]
 			for i := range writes {
 				tag := uint64(w+1)<<32 | uint64(i+1)
-				if err := v.WriteBlocks(ctx, r[0], patternBlocks(r[0], int(r[1]-r[0]), tag), false); err != nil {
+				if err := v.WriteBlocks(ctx, r[0], Pattern(r[0], int(r[1]-r[0]), tag), false); err != nil {
 					errs <- err
 					return
 				}
@@ -171,8 +166,8 @@ func testAtomicWrites(t *testing.T, s Store) {
 	}
 	check := func(buf []byte, lba uint64) error {
 		var first uint64
-		for i := range uint64(len(buf) / BlockSize) {
-			tag, ok := blockTag(buf[i*BlockSize:(i+1)*BlockSize], lba+i)
+		for i := range uint64(len(buf) / bs) {
+			tag, ok := BlockTag(buf[i*bs:(i+1)*bs], lba+i)
 			if !ok {
 				return fmt.Errorf("block %d is corrupt or misplaced", lba+i)
 			}
@@ -195,7 +190,7 @@ func testAtomicWrites(t *testing.T, s Store) {
 			for ctx.Err() == nil {
 				n := 1 + rng.IntN(blocks)
 				lba := uint64(rng.IntN(blocks - n + 1))
-				buf := make([]byte, n*BlockSize)
+				buf := make([]byte, n*bs)
 				if err := v.ReadBlocks(ctx, lba, buf); err != nil {
 					if ctx.Err() == nil {
 						errs <- err

@@ -24,8 +24,12 @@ type Welcome []byte
 
 // WelcomeFields are a WELCOME's fields.
 type WelcomeFields struct {
-	SessionID   uint64
-	BootID      uint64 // changes when the target process restarts
+	SessionID uint64
+	// BootID changes when the target process restarts. For a volume of a
+	// store several targets share (rtarget in front of Ceph RBD), whose
+	// acknowledged writes are durable in that store, it is the store's ID
+	// instead: the same at every target serving the volume.
+	BootID      uint64
 	VolumeSize  uint64 // bytes
 	VolumeID    uint32
 	MaxTransfer uint32 // largest READ/WRITE length

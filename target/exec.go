@@ -58,6 +58,9 @@ func (q *qconn) execute(s *slot) {
 	case blockproto.OpFlush:
 		st := blockproto.StatusOK
 		if err := q.sess.vol.v.Flush(q.ctx); err != nil {
+			if q.t.storeFailed(q.sess.vol, err) {
+				return // not answered: replayed at the target that took over
+			}
 			st = storeStatus(err)
 			q.log.Error("flush failed", "volume", q.sess.vol.name, "err", err)
 		}
@@ -94,6 +97,9 @@ func (q *qconn) doRead(s *slot, c blockproto.Command) {
 	}
 	if err := q.sess.vol.v.ReadBlocks(q.ctx, off/blk, buf[:span]); err != nil {
 		q.t.pool.put(buf)
+		if q.t.storeFailed(q.sess.vol, err) {
+			return // not answered: replayed at the target that took over
+		}
 		st := storeStatus(err)
 		q.log.Warn("read failed", "volume", q.sess.vol.name, "offset", off, "length", n, "err", err)
 		q.t.m.done(OpRead, s.began, true)
@@ -137,6 +143,9 @@ func (q *qconn) doReadInline(s *slot, c blockproto.Command) {
 		q.t.pool.put(buf)
 	}
 	if err != nil {
+		if q.t.storeFailed(q.sess.vol, err) {
+			return // not answered: replayed at the target that took over
+		}
 		q.log.Warn("read failed", "volume", q.sess.vol.name, "offset", off, "length", n, "err", err)
 		q.t.m.done(OpRead, s.began, true)
 		q.answer(s, storeStatus(err), 0, err.Error())
@@ -212,6 +221,9 @@ func (q *qconn) doWrite(s *slot, c blockproto.Command) {
 	if g != nil {
 		q.grants.putIdle(g) // before the answer, which advertises it again
 	}
+	if chk.fenced {
+		return // not answered: replayed at the target that took over
+	}
 	q.noteMutation(st)
 	q.answer(s, st, chk.value, chk.detail)
 	if st == blockproto.StatusOK {
@@ -271,6 +283,9 @@ func (q *qconn) storeWrite(s *slot, off uint64, buf []byte, n int, fua bool, tok
 }
 
 func (q *qconn) ioFailed(what string, off uint64, n int, err error) mutationCheck {
+	if q.t.storeFailed(q.sess.vol, err) {
+		return mutationCheck{status: blockproto.StatusIO, fenced: true}
+	}
 	q.log.Warn(what+" failed", "volume", q.sess.vol.name, "offset", off, "length", n, "err", err)
 	return mutationCheck{status: storeStatus(err), detail: err.Error()}
 }
@@ -285,6 +300,9 @@ func (q *qconn) doDiscard(s *slot, c blockproto.Command) {
 	chk := mutationCheck{status: q.checkIO(off, n, 0)}
 	if chk.status == blockproto.StatusOK {
 		chk = q.discard(s, kind, off, uint64(n), c.FUA(), c.Token())
+	}
+	if chk.fenced {
+		return // not answered: replayed at the target that took over
 	}
 	q.noteMutation(chk.status)
 	q.answer(s, chk.status, chk.value, chk.detail)

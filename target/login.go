@@ -238,7 +238,7 @@ func (t *Target) welcome(q *qconn, secret []byte, login blockproto.Login,
 	q.nrx = 2 * q.credits
 	size := s.vol.v.Info().Size
 	s.vol.size.Store(size)
-	f := blockproto.WelcomeFields{SessionID: s.id, BootID: t.bootID, VolumeSize: uint64(size),
+	f := blockproto.WelcomeFields{SessionID: s.id, BootID: s.vol.bootID, VolumeSize: uint64(size),
 		VolumeID: s.vol.info.ID, MaxTransfer: uint32(t.cfg.MaxTransfer), GrantSize: uint32(t.cfg.GrantSize),
 		Credits: uint16(q.credits), Slot: s.slot, LockSTag: uint32(q.lockMR.STag()),
 		LockCount: uint32(len(s.vol.words) - blockproto.FirstLockWord), MinIO: minIO, PreferredIO: blk}

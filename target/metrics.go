@@ -69,6 +69,7 @@ type Metrics struct {
 	ReservedFails atomic.Uint64 // commands refused for another session's reservation
 	LeaseExpired  atomic.Uint64 // READ buffers revoked by the target (no RELEASE in time)
 	LocksCleared  atomic.Uint64 // locks and reservations cleared at session end
+	Fenced        atomic.Uint64 // volume handles the store fenced (another target took the volume over)
 	GrantsIssued  atomic.Uint64 // write grants advertised
 	TwoStepWrites atomic.Uint64 // writes through WRITE_REQ
 	InlineReads   atomic.Uint64 // READs answered with DATA

@@ -2,6 +2,7 @@ package target
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -42,16 +43,36 @@ type volume struct {
 	slots [blockproto.MaxSlot + 1]*session
 
 	stripes [numStripes]sync.RWMutex
+
+	// bootID is the WELCOME's boot ID for this volume: the target's, or
+	// the store's DurableID for a volume of a shared store (store.Fencer).
+	bootID uint64
+	// fenced is set once the store reported the handle fenced.
+	fenced atomic.Bool
 }
 
-func newVolume(name string, v store.Volume, readOnly bool, locks uint32) *volume {
+// epochShift places a store's fencing epoch above every generation one
+// holder of the volume can reach (2^40 tokens per epoch).
+const epochShift = 40
+
+func newVolume(name string, v store.Volume, readOnly bool, locks uint32, bootID uint64) *volume {
 	words := make([]uint64, blockproto.LockTableLen(locks)/8)
 	vol := &volume{name: name, v: v, info: v.Info(), readOnly: readOnly || v.Info().ReadOnly, words: words,
-		mem: unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)}
+		mem: unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8), bootID: bootID}
 	vol.size.Store(vol.info.Size)
 	// Tokens of an earlier incarnation of the target (or of this volume
 	// state) are below the wall clock, so they start out stale.
 	g := uint64(time.Now().UnixNano())
+	if f, ok := v.(store.Fencer); ok {
+		// A volume several targets serve in turn: the generation starts
+		// at the epoch this target raised when it took the volume over,
+		// so every token drawn at an earlier holder (a lower epoch) is
+		// below the floor, whatever the targets' clocks say.
+		g = f.FencingEpoch() << epochShift
+		if id := f.DurableID(); id != 0 {
+			vol.bootID = id
+		}
+	}
 	atomic.StoreUint64(&words[blockproto.WordGeneration], g)
 	vol.floor = g
 	return vol
@@ -128,6 +149,7 @@ type mutationCheck struct {
 	status blockproto.Status
 	value  uint64
 	detail string
+	fenced bool // the store fenced the handle: answer nothing
 }
 
 // checkMutation applies the reservation and fencing rules for a command
@@ -234,7 +256,7 @@ func (t *Target) openVolume(ctx context.Context, name string) (*volume, error) {
 		return nil, fmt.Errorf("target: open volume %q: %w", name, err)
 	}
 	ro := t.cfg.ReadOnly != nil && t.cfg.ReadOnly(name)
-	vol := newVolume(name, v, ro, t.cfg.Locks)
+	vol := newVolume(name, v, ro, t.cfg.Locks, t.bootID)
 	vol.refs = 1
 	t.vols[name] = vol
 	return vol, nil
@@ -246,7 +268,7 @@ func (t *Target) releaseVolume(vol *volume) {
 	t.mu.Lock()
 	vol.refs--
 	last := vol.refs == 0
-	if last {
+	if last && t.vols[vol.name] == vol {
 		delete(t.vols, vol.name)
 	}
 	t.mu.Unlock()
@@ -260,4 +282,38 @@ func (t *Target) releaseVolume(vol *volume) {
 			t.log.Error("closing volume", "volume", vol.name, "err", err)
 		}
 	}
+}
+
+// storeFailed handles a store error of a command on vol. It reports true
+// when the store fenced the handle (another target took the volume over):
+// then the command must not be answered. Every session of the volume ends
+// without answering what it has in flight, so their initiators replay it
+// at the target that took over, and the handle is dropped: a later login
+// here opens the volume afresh (taking it back).
+func (t *Target) storeFailed(vol *volume, err error) bool {
+	if !errors.Is(err, store.ErrFenced) {
+		return false
+	}
+	if !vol.fenced.CompareAndSwap(false, true) {
+		return true
+	}
+	t.log.Warn("volume fenced: another target took it over; ending its sessions", "volume", vol.name, "err", err)
+	t.m.Fenced.Add(1)
+	t.mu.Lock()
+	if t.vols[vol.name] == vol {
+		delete(t.vols, vol.name)
+	}
+	t.mu.Unlock()
+	vol.mu.Lock()
+	var sessions []*session
+	for _, s := range vol.slots {
+		if s != nil {
+			sessions = append(sessions, s)
+		}
+	}
+	vol.mu.Unlock()
+	for _, s := range sessions {
+		go s.end("volume fenced: another target took it over")
+	}
+	return true
 }

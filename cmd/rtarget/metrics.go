@@ -60,6 +60,7 @@ func writeMetrics(w *bufio.Writer, m *target.Metrics) {
 	counter("rtarget_reserved_refusals_total", "Commands refused for another session's reservation.", m.ReservedFails.Load())
 	counter("rtarget_read_lease_expired_total", "READ buffers revoked without RELEASE.", m.LeaseExpired.Load())
 	counter("rtarget_locks_cleared_total", "Locks and reservations cleared at session end.", m.LocksCleared.Load())
+	counter("rtarget_volumes_fenced_total", "Volumes another target took over (their sessions here ended).", m.Fenced.Load())
 	fmt.Fprintf(w, "# HELP rtarget_ops_total Commands completed.\n# TYPE rtarget_ops_total counter\n")
 	for k := target.OpKind(0); k < target.NumOps; k++ {
 		fmt.Fprintf(w, "rtarget_ops_total{op=%q} %d\n", k.String(), m.Ops[k].Load())

@@ -2,9 +2,7 @@ package rnic
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -31,8 +29,8 @@ import (
 //     one the Responder picks; as Responder we pick Write, else Read, else
 //     Send, and send nothing before it arrives.
 //   - Large FPDUs (up to 64 KiB, whatever the TCP MSS) are used only between
-//     two of our own peers that both enable them: an 8-byte block at the
-//     front of the private data ("RNX1", max ULPDU) offers and confirms them;
+//     two of our own peers that both enable them (largefpdu.go: an 8-byte
+//     block at the front of the private data offers and confirms them);
 //     any other peer gets MULPDU from the TCP MSS (RFC 5044 §8).
 
 // ConnParams are the Initiator's choices.
@@ -82,29 +80,6 @@ func (e *RejectError) Error() string {
 }
 
 func (e *RejectError) Unwrap() error { return ErrRejected }
-
-var extMagic = [4]byte{'R', 'N', 'X', '1'}
-
-const extLen = 8
-
-func withExt(pd []byte, large bool) []byte {
-	if !large {
-		return pd
-	}
-	b := make([]byte, extLen, extLen+len(pd))
-	copy(b, extMagic[:])
-	binary.BigEndian.PutUint16(b[4:], maxULPDU)
-	return append(b, pd...)
-}
-
-// splitExt strips our extension block; it returns the peer's max ULPDU (0 if
-// absent) and the ULP's private data.
-func splitExt(pd []byte) (int, []byte) {
-	if len(pd) >= extLen && bytes.Equal(pd[:4], extMagic[:]) {
-		return int(binary.BigEndian.Uint16(pd[4:])), pd[extLen:]
-	}
-	return 0, pd
-}
 
 // standardMULPDU computes RFC 5044's MULPDU from the connection's TCP MSS
 // (no markers, mpa.MULPDU: EMSS - (6 + EMSS mod 4)), within
@@ -192,9 +167,14 @@ func (d *Device) ConnectConn(ctx context.Context, qp *QP, nc net.Conn, p ConnPar
 		return nil, fmt.Errorf("%w: reading MPA Reply: %v", ErrMPA, err)
 	}
 	nc.SetDeadline(time.Time{})
-	peerMax, ulpPD := splitExt(rep.PrivateData)
 	if rep.Reject {
-		return nil, &RejectError{PrivateData: ulpPD}
+		return nil, &RejectError{PrivateData: rep.PrivateData}
+	}
+	// A Responder confirms large FPDUs only to a Request that offered them:
+	// otherwise the Reply's private data is all the peer's own.
+	peerMax, ulpPD := 0, rep.PrivateData
+	if p.LargeFPDU {
+		peerMax, ulpPD, _ = splitExt(rep.PrivateData)
 	}
 	crc := req.CRC || rep.CRC
 	refuse := func(code term.Code, why string) error {
@@ -362,7 +342,7 @@ func (l *Listener) handshake(nc net.Conn) {
 		return
 	}
 	nc.SetDeadline(time.Time{})
-	peerMax, ulpPD := splitExt(req.PrivateData)
+	peerMax, ulpPD, _ := splitExt(req.PrivateData) // a block there is the Initiator's offer
 	cr := &ConnRequest{l: l, nc: nc, Rev: int(req.Rev), CRC: req.CRC, Markers: req.Markers, PrivateData: ulpPD,
 		RemoteAddr: nc.RemoteAddr(), peerMax: peerMax, early: br.Buffered() > 0}
 	if req.Rev == 2 && req.Enhanced != nil {

@@ -67,8 +67,10 @@ func TestCRCOneSide(t *testing.T) {
 }
 
 // TestRejectedConnection: the Responder rejects; the Initiator's Connect
-// fails with ErrRejected carrying the Responder's private data, neither QP
-// leaves Idle and no event is raised. The same QP then connects normally.
+// fails with ErrRejected carrying the Responder's private data (whole, even
+// when it looks like the large-FPDU block the Initiator offered: a Reject
+// never confirms it), neither QP leaves Idle and no event is raised. The
+// same QP then connects normally.
 func TestRejectedConnection(t *testing.T) {
 	for _, rev := range []int{1, 2} {
 		t.Run([]string{"", "rev1", "rev2"}[rev], func(t *testing.T) {
@@ -81,6 +83,7 @@ func TestRejectedConnection(t *testing.T) {
 			defer l.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
+			busy := append(withExt(nil, true), "busy"...)
 			done := make(chan error, 1)
 			go func() {
 				req, err := l.Accept(ctx)
@@ -92,14 +95,14 @@ func TestRejectedConnection(t *testing.T) {
 					done <- errors.New("unexpected request")
 					return
 				}
-				done <- req.Reject([]byte("busy"))
+				done <- req.Reject(busy)
 			}()
-			_, err = a.dev.Connect(ctx, a.qp, l.Addr().String(), ConnParams{Rev: rev, PrivateData: []byte("hello")})
+			_, err = a.dev.Connect(ctx, a.qp, l.Addr().String(), ConnParams{Rev: rev, PrivateData: []byte("hello"), LargeFPDU: true})
 			if !errors.Is(err, ErrRejected) {
 				t.Fatalf("connect: %v, want ErrRejected", err)
 			}
 			var re *RejectError
-			if !errors.As(err, &re) || string(re.PrivateData) != "busy" {
+			if !errors.As(err, &re) || !bytes.Equal(re.PrivateData, busy) {
 				t.Fatalf("reject error %#v", err)
 			}
 			if err := <-done; err != nil {

@@ -364,18 +364,25 @@ func Client(ctx context.Context, dev *rnic.Device, addr string, o Options) (Stat
 		st.Bytes += int64(o.Size)
 	}
 	st.Duration = time.Since(start)
-	// rdma_disconnect: a graceful close (FIN), then wait for the peer's.
-	if err := e.qp.Modify(rnic.StateClosing, rnic.ModifyAttrs{}); err != nil {
-		o.Logger.Debug("rping: close", "err", err)
+	if err := disconnect(ctx, e.qp); err != nil {
+		o.Logger.Debug("rping: peer did not close", "err", err)
+	}
+	return st, nil
+}
+
+// disconnect is rdma_disconnect: a graceful close (FIN), then the wait, at
+// most 5 s, for the connection to end, in Idle (the peer closed too) or in
+// Error (it reset the connection, or the close failed).
+func disconnect(ctx context.Context, qp *rnic.QP) error {
+	if err := qp.Modify(rnic.StateClosing, rnic.ModifyAttrs{}); err != nil {
+		return fmt.Errorf("rping: close: %w", err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := e.qp.WaitState(wctx, rnic.StateIdle); err != nil {
-		if err2 := e.qp.WaitState(wctx, rnic.StateError); err2 != nil {
-			o.Logger.Debug("rping: peer did not close", "err", err)
-		}
+	if err := qp.WaitState(wctx, rnic.StateIdle, rnic.StateError); err != nil {
+		return fmt.Errorf("rping: %w", err)
 	}
-	return st, nil
+	return nil
 }
 
 func clientPing(ctx context.Context, e *endpoint, i int) error {

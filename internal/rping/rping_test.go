@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -46,6 +47,21 @@ func openDev(t *testing.T, name string) *rnic.Device {
 	return d
 }
 
+// serverClient opens a server and a client device, the server listening on
+// loopback, and a context that ends after timeout or with the test.
+func serverClient(t *testing.T, timeout time.Duration) (context.Context, *rnic.Device, *rnic.Device, *rnic.Listener) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	srv, cli := openDev(t, "server"), openDev(t, "client")
+	ln, err := srv.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ctx, srv, cli, ln
+}
+
 // TestClientServer runs our client against our server: both MPA revisions,
 // with and without CRC, sizes from the minimum to rping's maximum.
 func TestClientServer(t *testing.T) {
@@ -56,14 +72,7 @@ func TestClientServer(t *testing.T) {
 		count int
 	}{{2, false, 4096, 100}, {1, true, 4096, 20}, {2, true, MinSize, 10}, {2, false, MaxSize, 5}} {
 		t.Run(fmt.Sprintf("rev%d-crc%v-%d", c.rev, c.crc, c.size), func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			srv, cli := openDev(t, "server"), openDev(t, "client")
-			ln, err := srv.Listen("127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
+			ctx, srv, cli, ln := serverClient(t, 30*time.Second)
 			var sout, cout bytes.Buffer
 			type res struct {
 				st  Stats
@@ -104,14 +113,7 @@ func TestClientServer(t *testing.T) {
 // TestServerRejectsWrongData: a client whose data is not rping's pattern
 // fails the server, and a client whose echo is corrupted fails the client.
 func TestServerRejectsWrongData(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	srv, cli := openDev(t, "server"), openDev(t, "client")
-	ln, err := srv.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ctx, srv, cli, ln := serverClient(t, 20*time.Second)
 	errc := make(chan error, 1)
 	go func() {
 		_, err := Server(ctx, srv, ln, Options{Size: 4096}, true)
@@ -136,4 +138,73 @@ func TestServerRejectsWrongData(t *testing.T) {
 	if err := <-errc; err == nil || !strings.Contains(err.Error(), "not ping 0's pattern") {
 		t.Fatalf("server accepted zeros: %v", err)
 	}
+}
+
+// TestDisconnectEndsInError: a close that the peer answers with a reset
+// ends the wait as soon as the QP is in Error (it used to wait for Idle
+// alone, until its 5 s bound, and only then accept Error). The context
+// here is that 5 s bound: waiting for Idle alone fails.
+func TestDisconnectEndsInError(t *testing.T) {
+	ctx, srv, cli, ln := serverClient(t, 20*time.Second)
+	o := Options{Size: 64}
+	o.defaults()
+	var eps [2]*endpoint
+	for i, d := range []*rnic.Device{srv, cli} {
+		var err error
+		if eps[i], err = newEndpoint(d, &o); err != nil {
+			t.Fatal(err)
+		}
+		defer eps[i].close()
+	}
+	accepted := make(chan error, 1)
+	go func() {
+		req, err := ln.Accept(ctx)
+		if err == nil {
+			_, err = req.Accept(ctx, eps[0].qp, rnic.AcceptParams{})
+		}
+		accepted <- err
+	}()
+	relay := resetOnFIN(t, ln.Addr().String())
+	if _, err := cli.Connect(ctx, eps[1].qp, relay, rnic.ConnParams{IRD: 1, ORD: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-accepted; err != nil {
+		t.Fatal(err)
+	}
+	dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer dcancel()
+	if err := disconnect(dctx, eps[1].qp); err != nil {
+		t.Fatalf("disconnect: %v", err)
+	}
+	if st := eps[1].qp.State(); st != rnic.StateError {
+		t.Fatalf("QP in %s after disconnect, want Error", st)
+	}
+}
+
+// resetOnFIN relays one connection to target and answers the client's FIN
+// with a reset (TCP RST) of both connections. It returns its address.
+func resetOnFIN(t *testing.T, target string) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c1, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		c2, err := net.Dial("tcp", target)
+		if err != nil {
+			c1.Close()
+			return
+		}
+		go io.Copy(c1, c2)
+		io.Copy(c2, c1) // returns at the client's FIN
+		for _, c := range []net.Conn{c1, c2} {
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+		}
+	}()
+	return ln.Addr().String()
 }

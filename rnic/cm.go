@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"syscall"
@@ -154,17 +155,17 @@ func (d *Device) ConnectConn(ctx context.Context, qp *QP, nc net.Conn, p ConnPar
 	}
 	b, err := req.Append(nil)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrMPA, err)
+		return nil, fmt.Errorf("%w: %w", ErrMPA, err)
 	}
 	nc.SetDeadline(d.deadline(ctx))
 	stopCtx := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Now()) })
 	defer stopCtx()
 	if _, err := nc.Write(b); err != nil {
-		return nil, fmt.Errorf("%w: sending MPA Request: %v", ErrMPA, err)
+		return nil, fmt.Errorf("%w: sending MPA Request: %w", ErrMPA, err)
 	}
 	rep, err := mpa.ReadFrame(nc, true)
 	if err != nil {
-		return nil, fmt.Errorf("%w: reading MPA Reply: %v", ErrMPA, err)
+		return nil, fmt.Errorf("%w: reading MPA Reply: %w", ErrMPA, err)
 	}
 	nc.SetDeadline(time.Time{})
 	if rep.Reject {
@@ -337,7 +338,13 @@ func (l *Listener) handshake(nc net.Conn) {
 	br := bufio.NewReaderSize(nc, mpa.FrameHeaderLen+mpa.MaxPrivateData)
 	req, err := mpa.ReadFrame(br, false)
 	if err != nil {
-		d.log.Info("bad MPA Request: closing", "peer", nc.RemoteAddr(), "err", err)
+		if errors.Is(err, io.EOF) {
+			// Closed before its first byte (io.ErrUnexpectedEOF past it):
+			// a port probe, not a bad Request.
+			d.log.Debug("connection closed before an MPA Request", "peer", nc.RemoteAddr())
+		} else {
+			d.log.Info("bad MPA Request: closing", "peer", nc.RemoteAddr(), "err", err)
+		}
 		nc.Close()
 		return
 	}
@@ -506,7 +513,7 @@ func (r *ConnRequest) Accept(ctx context.Context, qp *QP, p AcceptParams) (*Conn
 	}
 	b, err := rep.Append(nil)
 	if err != nil {
-		return fail(fmt.Errorf("%w: %v", ErrMPA, err))
+		return fail(fmt.Errorf("%w: %w", ErrMPA, err))
 	}
 	if large {
 		s.MULPDU = min(r.peerMax, maxULPDU)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -159,5 +161,111 @@ func TestMPAReplyWithMarkersRefused(t *testing.T) {
 	}
 	if st := s.qp.State(); st != StateIdle {
 		t.Fatalf("QP state %s", st)
+	}
+}
+
+// TestMPAReplyErrorsKeepTheirCause: a Connect that fails reading the MPA
+// Reply is ErrMPA and keeps the cause beneath it for errors.Is and
+// errors.As: the frame's *term.Error (a Request key where the Reply is
+// due), io.EOF (the Responder closed without answering), the deadline (it
+// never answered).
+func TestMPAReplyErrorsKeepTheirCause(t *testing.T) {
+	reqKey := []byte("MPA ID Req Frame\x40\x01\x00\x00")
+	for _, c := range []struct {
+		name  string
+		reply func(nc net.Conn) // after the Request was read
+		check func(err error) bool
+	}{
+		{"wrong-key", func(nc net.Conn) { nc.Write(reqKey) }, func(err error) bool {
+			var te *term.Error
+			return errors.As(err, &te) && te.Cause.Code == term.MPAInvalidFrame
+		}},
+		{"closed", func(nc net.Conn) { nc.Close() }, func(err error) bool { return errors.Is(err, io.EOF) }},
+		{"silent", func(nc net.Conn) {}, func(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newSide(t, "initiator", pairOpts{cfg: Config{MPATimeout: 200 * time.Millisecond}})
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			go func() {
+				nc, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer nc.Close()
+				if _, err := mpa.ReadFrame(nc, false); err == nil {
+					c.reply(nc)
+				}
+				io.Copy(io.Discard, nc) // until the Initiator gives up
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err = s.dev.Connect(ctx, s.qp, ln.Addr().String(), ConnParams{})
+			if !errors.Is(err, ErrMPA) || !c.check(err) {
+				t.Fatalf("Connect: %v (%#v): want ErrMPA and the cause", err, err)
+			}
+		})
+	}
+}
+
+// recordHandler sends every log record to a channel.
+type recordHandler struct{ ch chan slog.Record }
+
+func (h recordHandler) Enabled(context.Context, slog.Level) bool      { return true }
+func (h recordHandler) Handle(_ context.Context, r slog.Record) error { h.ch <- r; return nil }
+func (h recordHandler) WithAttrs([]slog.Attr) slog.Handler            { return h }
+func (h recordHandler) WithGroup(string) slog.Handler                 { return h }
+
+// TestProbeIsNotABadRequest: a connection that closes before sending a
+// byte (a port probe: make run's wait for the target) is logged at Debug,
+// not as a bad MPA Request; one that sends a broken Request still is, at
+// Info.
+func TestProbeIsNotABadRequest(t *testing.T) {
+	records := make(chan slog.Record, 16)
+	d, err := Open(Config{Name: "responder", Logger: slog.New(recordHandler{records})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	l, err := d.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	next := func() slog.Record {
+		t.Helper()
+		select {
+		case r := <-records:
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatal("nothing logged")
+		}
+		return slog.Record{}
+	}
+	for _, c := range []struct {
+		send  []byte
+		level slog.Level
+		msg   string
+	}{
+		{nil, slog.LevelDebug, "connection closed before an MPA Request"},
+		{[]byte("GET / HTTP/1.1\r\n\r\n"), slog.LevelInfo, "bad MPA Request: closing"},
+		{[]byte("MPA ID Req"), slog.LevelInfo, "bad MPA Request: closing"}, // cut short
+	} {
+		nc, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc.Write(c.send)
+		nc.Close()
+		r := next()
+		for r.Message != c.msg && r.Level < slog.LevelInfo { // other Debug lines
+			r = next()
+		}
+		if r.Message != c.msg || r.Level != c.level {
+			t.Fatalf("after sending %q: logged %s %q, want %s %q", c.send, r.Level, r.Message, c.level, c.msg)
+		}
 	}
 }

@@ -3,8 +3,10 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"time"
 
@@ -12,6 +14,23 @@ import (
 	"github.com/rnic-dev/rnic/store"
 	"github.com/rnic-dev/rnic/target"
 )
+
+// serveMetrics serves h over HTTP on ln until stop is called. A server that
+// fails (its listener breaks) is logged as an error: the target goes on
+// serving storage without its metrics. done is closed when the server has
+// returned.
+func serveMetrics(ln net.Listener, h http.Handler, log *slog.Logger) (stop func(), done <-chan struct{}) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	ch := make(chan struct{})
+	go func() {
+		defer close(ch)
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped: /metrics and /healthz are no longer served",
+				"addr", ln.Addr().String(), "err", err)
+		}
+	}()
+	return func() { srv.Close() }, ch
+}
 
 // metricsHandler serves /metrics (Prometheus text exposition format 0.0.4)
 // and /healthz.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -236,9 +235,8 @@ func runServe(c *cli.Context, given []string) error {
 		if err != nil {
 			return fmt.Errorf("--metrics-listen: %w", err)
 		}
-		srv := &http.Server{Handler: metricsHandler(t, st, log), ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(ln)
-		defer srv.Close()
+		stop, _ := serveMetrics(ln, metricsHandler(t, st, log), log)
+		defer stop()
 		log.Info("metrics", "addr", ln.Addr().String())
 	}
 	sigs := make(chan os.Signal, 2)

@@ -314,9 +314,9 @@ func hostileGuesses(t *testing.T) int {
 // honest sessions must keep working. rnic/terminate_test.go runs the same
 // classes against a bare engine; this is the target as deployed.
 //
-// Expectations that rest on the engine following the RFCs over the old
-// checklist: Send with Invalidate of another session's STag is RDMA /
-// Remote Protection / 0x09 "STag cannot be Invalidated" (RFC 5040 §5.3);
+// Expectations that rest on the engine following the RFCs: Send with
+// Invalidate of another session's STag is RDMA / Remote Protection / 0x09
+// "STag cannot be Invalidated" (RFC 5040 §5.3);
 // a bad DDP version and an untagged segment too short for its header echo
 // the DDP header like every DDP error (Figure 10); RV 00b is valid, so the
 // bad RDMAP versions are 10b and 11b (§4.1).

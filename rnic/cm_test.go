@@ -17,10 +17,9 @@ import (
 )
 
 // TestMPARequestWithMarkersRejected: the M flag of an MPA Request asks the
-// Responder to insert markers towards the Initiator (checklist §10.2). We
+// Responder to insert markers towards the Initiator (RFC 5044 §7.1.1). We
 // never send markers, so the Responder answers with a Reply with R=1 (and
-// M=0), closes the connection, and never hands the Request to Accept
-// (checklist §10.2 [D], §12.1 #6).
+// M=0), closes the connection, and never hands the Request to Accept.
 func TestMPARequestWithMarkersRejected(t *testing.T) {
 	for _, rev := range []uint8{1, 2} {
 		t.Run(map[uint8]string{1: "rev1", 2: "rev2"}[rev], func(t *testing.T) {
@@ -73,7 +72,7 @@ func TestMPARequestWithMarkersRejected(t *testing.T) {
 // insert markers, which we do not: the Initiator does not enter RDMA mode,
 // sends a Terminate LLP / MPA / Invalid MPA Request or Reply Frame
 // (2/0/0x04, no echoed headers) as its only FPDU, closes, and Connect fails
-// with ErrMPA (checklist §10.1, §12.1 #6). The QP stays Idle.
+// with ErrMPA (RFC 5044 §7.1). The QP stays Idle.
 func TestMPAReplyWithMarkersRefused(t *testing.T) {
 	s := newSide(t, "initiator", pairOpts{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -315,7 +315,8 @@ func TestRemoteErrorBothSides(t *testing.T) {
 // ORD is clamped to the responder's IRD and extra Reads stall, all
 // succeeding. With revision 1 (no IRD/ORD exchange) the (IRD+1)-th Read
 // Request is refused: the responder terminates with DDP Untagged / Invalid
-// MSN - no buffer (RFC 5040 §7.2, wire-checklist [D]) and raises IRRQ
+// MSN - no buffer (RFC 5040 §7.2; §6.1: the IRD bounds the outstanding
+// inbound Read Requests) and raises IRRQ
 // Protection Error - too many Read Requests; the requester's Read that
 // overflowed completes with Remote Termination Error, later ones flushed.
 func TestIRDExceeded(t *testing.T) {

@@ -209,8 +209,7 @@ func (r *rxState) run() (rxEnd, error) {
 // first in this order: the DDP version; for untagged segments the QN, MSN
 // and MO (r.q.Check, which validates the QN before indexing by it); the
 // opcode, with its buffer model and queue number (rdmap.CheckCtrl: a
-// mismatch is Unexpected OpCode); the RDMA version. (The checklist's
-// §7.3 [D] order, versions first, is not the RFC's.)
+// mismatch is Unexpected OpCode); the RDMA version.
 //
 // A tagged segment's DDP fields (STag, TO) are checked after the opcode
 // and version, in tagged(): what they are checked against depends on the
@@ -238,8 +237,8 @@ func (r *rxState) segment(n int) error {
 	// reader refuses fewer than 14) cannot hold its header: ParseUntagged
 	// reports it as DDP / Untagged Buffer / Invalid DDP Version (1/2/0x06),
 	// the code for an untagged header that cannot be read as RFC 5041's
-	// (checklist §3.5 has no "segment too short" code; Local Catastrophic,
-	// 1/0, is for local failures, which this is not), and the Terminate
+	// (DDP has no "segment too short" code; Local Catastrophic, 1/0, is for
+	// local failures, which this is not), and the Terminate
 	// echoes the bytes there are, zero-padded to 18.
 	if tagged {
 		if _, err := ddp.ParseTagged(r.hdr[:r.hl]); err != nil {

@@ -227,7 +227,7 @@ var termCases = []termCase{
 			return sendULPDU(tt.t.(*testing.T), p, p.Untagged(rdmap.OpSend, true, 0, 0, 1, 4, []byte("x")))
 		}},
 	// DDP errors echo the DDP header, Invalid DDP Version included (RFC 5040
-	// Figure 10: "DDP ... Yes"; the checklist's vector 21 said no echo).
+	// Figure 10: "DDP ... Yes").
 	{name: "ddp-version-tagged", cause: ddpTagged(term.TaggedInvalidVersion), ev: EventInvalidDDPVersion,
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			u := tagged(p, rdmap.OpWrite, tt.w.STag(), 0, 8)
@@ -546,7 +546,9 @@ func checkEcho(t *testing.T, tc termCase, tm *rawpeer.Terminate, off []byte) {
 }
 
 // TestTerminateVector18 checks the engine's Terminate for an invalid
-// source STag against wire-checklist vector #18 byte for byte.
+// source STag of a Read Request byte for byte against a known answer: RDMA
+// / Remote Protection / Invalid STag with M, D and R, the Read Request's DDP
+// and RDMA headers echoed (RFC 5040 §4.8).
 func TestTerminateVector18(t *testing.T) {
 	tt := newTermTarget(t, QPConfig{InboundRead: true}, 0, 64)
 	p := tt.dial(t, rawpeer.Options{CRC: true})

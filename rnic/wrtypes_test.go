@@ -281,9 +281,9 @@ func TestScatterGather(t *testing.T) {
 }
 
 // TestMaskedAtomics: RFC 7306 masked Fetch-and-Add (the add mask marks
-// where carries stop) and masked Compare-and-Swap, over the wire, with the
-// values of wire-checklist.md §12 item 27: the word afterwards and the
-// original value returned.
+// where carries stop) and masked Compare-and-Swap (RFC 7306 §5.1.1,
+// §5.1.2), over the wire: the word afterwards and the original value
+// returned.
 func TestMaskedAtomics(t *testing.T) {
 	type row struct {
 		op           WROp

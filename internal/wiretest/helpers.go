@@ -9,8 +9,8 @@ import (
 	"github.com/rnic-dev/rnic/rnic/term"
 )
 
-// Hex decodes hex written with spaces and line breaks, as the vectors of
-// shared/spec/wire-checklist.md §12 are.
+// Hex decodes hex written with spaces and line breaks, as the known-answer
+// vectors of the tests are.
 func Hex(tb testing.TB, s string) []byte {
 	tb.Helper()
 	b, err := hex.DecodeString(strings.Join(strings.Fields(s), ""))

@@ -14,7 +14,8 @@ var (
 	wantCause = wiretest.WantCause
 )
 
-// Tagged headers of the checklist §12.3 vectors (ULPDU bytes, after the MPA length).
+// Tagged headers of known-answer RDMA Write and Read Response segments
+// (ULPDU bytes, after the MPA length).
 func TestTaggedVectors(t *testing.T) {
 	cases := []struct {
 		name  string
@@ -56,7 +57,8 @@ func TestTaggedVectors(t *testing.T) {
 	}
 }
 
-// Untagged headers of the checklist §12.2, §12.4 and §12.5 vectors.
+// Untagged headers of known-answer Send, Read Request, Terminate and RFC
+// 7306 segments.
 func TestUntaggedVectors(t *testing.T) {
 	cases := []struct {
 		name  string
@@ -99,7 +101,8 @@ func TestUntaggedVectors(t *testing.T) {
 	}
 }
 
-// Checklist §12.4 #21 rows a DDP decoder can detect.
+// The DDP Terminate causes a DDP header decoder can detect (RFC 5041's
+// Tagged and Untagged Buffer errors).
 func TestParseErrors(t *testing.T) {
 	tagged := hx(t, "c1 40 12 34 56 78 00 00 00 00 00 00 10 00")
 	untagged := hx(t, "41 43 00 00 00 00 00 00 00 00 00 00 00 01 00 00 00 00")

@@ -33,15 +33,14 @@
 // Version (1/1/0x04) or DDP / Untagged Buffer / Invalid DDP Version
 // (1/2/0x06). The reserved bits 0x3C of the control byte are not checked on
 // receive: RFC 5041 says they are set to zero on transmit and not checked on
-// receive, and where the RFCs and the project checklist
-// (shared/spec/wire-checklist.md) differ, the RFCs win.
+// receive.
 //
 // RxQueues checks the untagged sequence rules of one direction of one
 // stream: the QN is valid (1/2/0x01), the MSN is the one expected on that
 // QN (1/2/0x03) and the MO equals the bytes already received of the current
 // message (1/2/0x04). Over a single in-order TCP byte stream this exact match
 // is the strictest reading of RFC 5041's "MSN in range" and "MO inside the
-// buffer" rules (checklist §3.4 [D]). Whether a buffer is posted (1/2/0x02)
+// buffer" rules. Whether a buffer is posted (1/2/0x02)
 // and whether the message fits it (1/2/0x05) are the engine's checks.
 //
 // Tagged segments are not checked against STags here: STag, bounds and

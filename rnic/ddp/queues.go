@@ -58,7 +58,7 @@ func (q *RxQueues) Check(h Untagged, payloadLen int) error {
 		return term.Errorf(term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidMO,
 			"QN %d MSN %d MO %d with %d payload bytes runs past 2^32", qn, h.MSN(), mo, payloadLen)
 	}
-	// The MO is 32 bits (RFC 5041's untagged header, checklist §3.3): a
+	// The MO is 32 bits (RFC 5041's untagged header): a
 	// message may end at offset 2^32, but a segment that is not its last
 	// must leave the next one an MO to start at, and 2^32 is not one (the
 	// received count would wrap to 0 and accept a replay of offset 0).

@@ -58,10 +58,9 @@
 // bytes, which MULPDU-sized segmentation never produces, and on payload
 // that does not match the length given to Begin.
 //
-// Where the RFC text was not at hand (RFC 5044 and 6581 are not in
-// shared/spec), the layout follows wire-checklist.md §10–§11, which was
-// confirmed from Wireshark, Linux siw and cxgb4. For markers, Wireshark and
-// the OSC iWARP stack count FPDUPTR from the FPDU's first byte; for an FPDU
-// that begins with a marker the Reader also accepts a pointer counted from
-// the ULPDU_LENGTH field after it.
+// The frame and FPDU layouts follow Linux siw, cxgb4 and Wireshark's iWARP
+// dissector (internal/wiretest has tshark decode what the encoders build).
+// For markers, Wireshark and the OSC iWARP stack count FPDUPTR from the
+// FPDU's first byte; for an FPDU that begins with a marker the Reader also
+// accepts a pointer counted from the ULPDU_LENGTH field after it.
 package mpa

@@ -20,7 +20,7 @@ func PadLen(ulpduLen int) int { return -(HeaderLen + ulpduLen) & 3 }
 func FPDULen(ulpduLen int) int { return HeaderLen + ulpduLen + PadLen(ulpduLen) + CRCLen }
 
 // MULPDU returns the largest ULPDU that fits an FPDU in one TCP segment of
-// EMSS bytes (checklist §10.3): EMSS - (6 + EMSS mod 4) without markers and
+// EMSS bytes (RFC 5044's MULPDU): EMSS - (6 + EMSS mod 4) without markers and
 // EMSS - (6 + 4*ceil(EMSS/512) + EMSS mod 4) with them, clamped to
 // 0..MaxULPDU.
 func MULPDU(emss int, markers bool) int {

@@ -18,7 +18,7 @@ func TestPadAndLen(t *testing.T) {
 			t.Errorf("ULPDU %d misaligned", n)
 		}
 	}
-	// Checklist §2: Read Request 52, Atomic Request 76, Atomic Response 36,
+	// Whole FPDUs: Read Request 52, Atomic Request 76, Atomic Response 36,
 	// Immediate 32, 4-byte Terminate 28.
 	for ulpdu, total := range map[int]int{18 + 28: 52, 18 + 52: 76, 18 + 12: 36, 18 + 8: 32, 18 + 4: 28} {
 		if FPDULen(ulpdu) != total {
@@ -52,7 +52,9 @@ func TestMULPDU(t *testing.T) {
 	}
 }
 
-// Checklist §12.2 #7/#8 and §11: framing, pad, CRC coverage and byte order.
+// TestAppendFPDU: framing, pad, CRC coverage and byte order (RFC 5044 §4:
+// the CRC32c covers length, ULPDU and pad, least significant byte first), on
+// a known-answer Send of "hello".
 func TestAppendFPDU(t *testing.T) {
 	hdr := hx(t, "41 43 00 00 00 00 00 00 00 00 00 00 00 01 00 00 00 00")
 	want := hx(t, "00 17 41 43 00 00 00 00 00 00 00 00 00 00 00 01 00 00 00 00 68 65 6c 6c 6f 00 00 00 b9 90 b1 0c")

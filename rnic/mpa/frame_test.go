@@ -19,7 +19,8 @@ func wantMPA(t testing.TB, err error, code term.Code) {
 	wiretest.WantCause(t, err, term.LayerLLP, term.LLPMPA, code)
 }
 
-// Checklist §12.1 vectors #1..#5.
+// Known-answer MPA Request and Reply frames (RFC 5044 §7.1.1, RFC 6581's
+// IRD/ORD block).
 var frameVectors = []struct {
 	name string
 	hex  string
@@ -71,7 +72,7 @@ func TestFrameVectors(t *testing.T) {
 	}
 }
 
-// Checklist §12.1 #6 negatives.
+// TestFrameNegative: frames a Responder or Initiator must refuse.
 func TestFrameNegative(t *testing.T) {
 	req := hx(t, frameVectors[0].hex)
 	rep := hx(t, frameVectors[1].hex)

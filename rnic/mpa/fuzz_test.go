@@ -11,7 +11,7 @@ import (
 	"github.com/rnic-dev/rnic/rnic/term"
 )
 
-// fpduSeeds are FPDU streams from wire-checklist.md §12.
+// fpduSeeds are known-answer FPDU streams (TestAppendFPDU has the first).
 var fpduSeeds = []string{
 	"00 17 41 43 00 00 00 00 00 00 00 00 00 00 00 01 00 00 00 00 68 65 6c 6c 6f 00 00 00 b9 90 b1 0c",
 	"00 16 c1 40 12 34 56 78 00 00 00 00 00 00 10 00 00 01 02 03 04 05 06 07 ea ef b4 f7" +

@@ -36,8 +36,8 @@ func plainStream(us [][]byte, crc bool) []byte {
 	return s
 }
 
-// markerWriter frames ULPDUs with markers, from the rules of checklist §10.4
-// alone: a marker at every stream offset that is a multiple of 512 (the
+// markerWriter frames ULPDUs with markers, from the marker rules alone
+// (RFC 5044 §4): a marker at every stream offset that is a multiple of 512 (the
 // first at offset 0), FPDUPTR = marker offset - offset of the FPDU's first
 // byte (0 when the FPDU begins with it), markers inside an FPDU covered by
 // its CRC, and a marker due where the CRC would start placed before it.

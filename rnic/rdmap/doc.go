@@ -46,20 +46,19 @@
 // The order is RFC 5040 §7.2's: the DDP segment fields first (package ddp
 // and the QN check in CheckPlacement), then the opcode with its buffer model
 // and queue number, then the RDMA version (CheckCtrl), so a segment with a
-// bad opcode and a bad version reports Unexpected OpCode. (The checklist's
-// §7.3 [D] "practical order" checked the versions first.)
+// bad opcode and a bad version reports Unexpected OpCode.
 //
 // Reserved fields are not checked on receive, because the RFCs say so: the
 // RDMAP Rsv bits and the Invalidate STag of messages other than Send with
 // Invalidate (RFC 5040 §4.1), the 13 reserved Terminate bits (§4.8), the 28
 // reserved bits of the Atomic Request and the Compare fields of a FetchAdd
-// (RFC 7306 §5.2.1). Where the RFCs and the project checklist disagree the
-// RFC wins; the cases are listed below.
+// (RFC 7306 §5.2.1). Where the RFC text leaves a choice, the choice made is
+// listed below.
 //
 // Version: RFC 5040 §4.1 calls RV 00b (RDMA Consortium) valid too: "Both
 // version numbers are valid". This package sends 01b and accepts 00b and
-// 01b on the RFC 5040 messages (the checklist's §4.1 [D] accepted 01b
-// only); RFC 7306 §4.1 requires 01b on its messages, so 00b is refused there.
+// 01b on the RFC 5040 messages; RFC 7306 §4.1 requires 01b on its
+// messages, so 00b is refused there.
 //
 // Terminate: ParseTerminate accepts the 4-byte form and zero-filled longer
 // forms, sizes the echoed DDP header by its own T bit and expects RDMA
@@ -74,7 +73,7 @@
 //
 // STags, bounds, access rights, alignment and outstanding-request matching
 // are the engine's checks; zero-length Read Requests, Writes and Read
-// Responses must skip the STag checks (RFC 5040 §5.2, checklist §3.4).
+// Responses must skip the STag checks (RFC 5040 §5.1, §5.2).
 //
 // # Atomics
 //

@@ -10,7 +10,7 @@ import (
 	"github.com/rnic-dev/rnic/rnic/term"
 )
 
-// seedULPDUs returns the ULPDUs of the checklist vectors.
+// seedULPDUs returns the ULPDUs of the known-answer vectors.
 func seedULPDUs() [][]byte {
 	var out [][]byte
 	for _, v := range vectors() {

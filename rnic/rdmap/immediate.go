@@ -14,8 +14,8 @@ func (m Immediate) SetData(v uint64) { binary.BigEndian.PutUint64(m[:ImmediateLe
 
 // ParseImmediate checks that an Immediate Data message carries exactly
 // ImmediateLen bytes after its DDP header (RFC 7306 §6.3); otherwise it is
-// RDMA / Remote Operation / Unspecified (0/2/0xFF, checklist §7.3 [D]: RFC
-// 7306 names no code).
+// RDMA / Remote Operation / Unspecified (0/2/0xFF, RFC 5040 §4.8: RFC 7306
+// §8.2 names no code for it).
 func ParseImmediate(b []byte) (Immediate, error) {
 	if len(b) != ImmediateLen {
 		return nil, lengthError(OpImmediate, len(b), ImmediateLen)

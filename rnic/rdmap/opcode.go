@@ -123,9 +123,9 @@ func ValidVersion(rv uint8, op Opcode) bool {
 // be valid."): an unassigned opcode (0xC..0xF) is Unexpected OpCode
 // (0/2/0x06), then an RV that ValidVersion refuses (10b, 11b, or 00b on an
 // RFC 7306 opcode) is RDMA / Remote Operation / Invalid RDMAP Version
-// (0/2/0x05). The Rsv bits are ignored, as RFC 5040 §4.1 requires. The
-// checklist (§4.1 [D]) accepted 01b only and checked the version first; the
-// RFC wins. CheckCtrl adds the opcode's placement checks.
+// (0/2/0x05): the opcode before the version, in RFC 5040 §7.2's order. The
+// Rsv bits are ignored, as RFC 5040 §4.1 requires. CheckCtrl adds the
+// opcode's placement checks.
 func ParseCtrl(b byte) (Opcode, error) {
 	op := Opcode(b & maskOpcode)
 	if !op.Valid() {

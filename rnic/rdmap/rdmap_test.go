@@ -98,7 +98,8 @@ func TestOpcodes(t *testing.T) {
 	wantCause(t, CheckPlacement(OpReadResponse, false, 1, true), term.LayerRDMAP, term.RDMARemoteOperation, term.OpUnexpectedOpcode)
 }
 
-// Checklist §12.5 #27.
+// TestAtomicArithmetic: FetchAdd with an add mask and CmpSwap with compare
+// and swap masks on a memory word (RFC 7306 §5.1.1, §5.1.2).
 func TestAtomicArithmetic(t *testing.T) {
 	const ones = ^uint64(0)
 	fa := []struct{ orig, add, mask, want uint64 }{

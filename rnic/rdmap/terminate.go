@@ -21,8 +21,8 @@ type TerminateFields struct {
 	// M: SegLen is valid; D: DDPHeader is included; R: RDMA header included.
 	M, D, R bool
 	// SegLen is the DDP segment length of the offending segment. This
-	// package sends the MPA ULPDU_LENGTH (checklist §4.4 [D]); it is
-	// diagnostic only and never interpreted on receive.
+	// package sends the MPA ULPDU_LENGTH, the length DDP hands up (RFC
+	// 5040 §4.8); it is diagnostic only and never interpreted on receive.
 	SegLen uint16
 	// DDPHeader is the offending segment's DDP header: 14 bytes if its own
 	// T bit is set, 18 otherwise.
@@ -103,8 +103,9 @@ func termError(format string, args ...any) *term.Error {
 // bit. RDMA header bytes are expected only when R is set, the echoed header
 // is a Read Request and the bytes are there: siw sets R for every Remote
 // Protection error but echoes no RDMA header for Send with Invalidate
-// (checklist §4.4). Everything past the fields the flags announce must be
-// zero. The returned slices are copies, not views of b.
+// (RFC 5040 §4.8 echoes it for a Read Request only). Everything past the
+// fields the flags announce must be zero. The returned slices are copies,
+// not views of b.
 //
 // A malformed Terminate is RDMA / Remote Operation / Unspecified (0/2/0xFF);
 // the engine must not answer a Terminate with a Terminate, so the cause is
@@ -168,8 +169,7 @@ func ParseTerminate(b []byte) (TerminateFields, error) {
 //   - LLP errors and RDMA Local Catastrophic errors echo nothing;
 //   - every DDP error echoes the DDP Segment Length and the DDP header (M
 //     and D): Figure 10 says "Yes" for the DDP layer, whatever the error,
-//     Invalid DDP Version included (the checklist's vector 21 said "no
-//     echoed header"; the RFC wins). A DDP header cut short by its segment
+//     Invalid DDP Version included. A DDP header cut short by its segment
 //     is echoed zero-padded to the size its T bit gives;
 //   - RDMA Remote Operation errors echo the DDP Segment Length and the DDP
 //     header, "if possible" (only a whole header is echoed);

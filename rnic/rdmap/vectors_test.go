@@ -80,8 +80,9 @@ func termBody(cause term.Cause, offending []byte, ulpduLen int) []byte {
 	return AppendTerminate(nil, &f)
 }
 
-// vectors are the FPDUs of wire-checklist.md §12.2–§12.5, each with the
-// segment our encoders build for it.
+// vectors are known-answer FPDUs (untagged and tagged messages, Terminates,
+// RFC 7306 atomics and Immediate Data), each with the segment our encoders
+// build for it.
 func vectors() []struct {
 	name string
 	hex  string
@@ -385,8 +386,9 @@ func TestVectorStream(t *testing.T) {
 	wantCause(t, q.Check(h, 0), term.LayerDDP, term.DDPUntagged, term.UntaggedMSNRange)
 }
 
-// Checklist §12.4 #21: the rows a decoder can detect, with the headers
-// TerminateFor echoes for each.
+// TestTerminateCodes: the Terminate causes of RFC 5040 §4.8 (Figure 9) and
+// of DDP that a decoder can detect, with the headers TerminateFor echoes
+// for each (Figure 10).
 func TestTerminateCodes(t *testing.T) {
 	send := untagged(OpSend, QNSend, 1, 0, []byte("hello")).ulpdu()
 	rr := untagged(OpReadRequest, QNReadRequest, 1, 0, rrBytes(rr11)).ulpdu()
@@ -410,7 +412,7 @@ func TestTerminateCodes(t *testing.T) {
 		{"tagged DV=0", mod(write, 0, 0xC0), term.LayerDDP, term.DDPTagged, term.TaggedInvalidVersion, true},
 		{"untagged DV=0", mod(send, 0, 0x40), term.LayerDDP, term.DDPUntagged, term.UntaggedInvalidVersion, true},
 		// RV 00b is valid (RFC 5040 §4.1, "Both version numbers are
-		// valid"): the checklist's "RV=0 -> 0/2/0x05" row became RV 10b/11b.
+		// valid"), so the invalid versions are 10b and 11b.
 		{"RV=2", mod(send, 1, 0x83), term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion, true},
 		{"RV=3", mod(send, 1, 0xC3), term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion, true},
 		{"RV=0 on an RFC 7306 opcode", mod(untagged(OpImmediate, QNSend, 1, 0, make([]byte, ImmediateLen)).ulpdu(), 1, 0x08), term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion, true},
@@ -506,8 +508,8 @@ func TestTerminateCodes(t *testing.T) {
 
 // TestRDMAPVersion00 checks that RV 00b (the RDMA Consortium's RDMAP) is
 // accepted on receive for the RFC 5040 messages: "Both version numbers are
-// valid" (RFC 5040 §4.1; the checklist's §4.1 [D] accepted 01b only, the
-// RFC wins). The RFC 7306 messages need 01b (RFC 7306 §4.1, TestTerminateCodes).
+// valid" (RFC 5040 §4.1). The RFC 7306 messages need 01b (RFC 7306 §4.1,
+// TestTerminateCodes).
 func TestRDMAPVersion00(t *testing.T) {
 	rv0 := func(u []byte) []byte { c := bytes.Clone(u); c[1] &^= 0xC0; return c }
 	for _, u := range [][]byte{

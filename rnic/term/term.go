@@ -3,9 +3,9 @@
 // and the typed error that carries it from the wire decoders (mpa, ddp, rdmap)
 // up to the engine, which turns it into a Terminate message.
 //
-// The values come from RFC 5040 §7 (RDMAP), RFC 5041 §7 (DDP, confirmed from
-// Wireshark and Linux siw) and RFC 5044/6581 (MPA); see
-// ../shared/spec/wire-checklist.md §3.5 and §7.4.
+// The values come from RFC 5040 §4.8 (RDMAP), RFC 5041 (DDP) and RFC 5044
+// §8 and RFC 6581 (MPA); those of DDP and MPA were confirmed from Wireshark
+// and Linux siw.
 package term
 
 import "fmt"

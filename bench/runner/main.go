@@ -6,7 +6,7 @@
 // reads. See bench/README.md.
 //
 //	go run ./bench/runner                 # full run (about 30 minutes)
-//	go run ./bench/runner -quick          # 1 repetition, 2 s per job
+//	go run ./bench/runner -quick          # the data path's targets only (about 6 minutes)
 package main
 
 import (
@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,6 +45,7 @@ type options struct {
 	profile  bool
 	benchDir string
 	cpus     int
+	quick    bool
 }
 
 func main() {
@@ -59,11 +61,24 @@ func main() {
 	flag.StringVar(&o.systems, "systems", "", "comma-separated system names (default: all)")
 	flag.BoolVar(&o.micro, "micro", true, "run the Go micro-benchmarks")
 	flag.BoolVar(&o.profile, "profile", true, "profile rinit and rtarget under 4K random reads")
-	flag.IntVar(&o.cpus, "cpus", 1, "--cpus of rinit and rtarget in the rnic-memory and rnic-badger systems (0: all); rnic-memory-allcpus always runs with all")
-	quick := flag.Bool("quick", false, "1 repetition, 2 s per job, no ramp")
+	flag.IntVar(&o.cpus, "cpus", -1, "--cpus of rinit and rtarget in the rnic-memory and rnic-badger systems (-1: not passed, their default)")
+	flag.BoolVar(&o.quick, "quick", false, "only what the data path's targets need: "+strings.Join(quickSystems, ", ")+
+		" on "+strings.Join(quickJobs, ", ")+", 3 repetitions of 3 s (after a 1 s ramp), the engine micro-benchmark pairs; "+
+		"prints the target table (results in a temporary directory unless -out is given)")
 	flag.Parse()
-	if *quick {
-		o.reps, o.runtime, o.ramp = 1, 2, 0
+	if o.quick {
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		def := func(name string, apply func()) {
+			if !set[name] {
+				apply()
+			}
+		}
+		def("runtime", func() { o.runtime = 3 })
+		def("jobs", func() { o.jobs = strings.Join(quickJobs, ",") })
+		def("systems", func() { o.systems = strings.Join(quickSystems, ",") })
+		def("profile", func() { o.profile = false })
+		def("out", func() { o.out = filepath.Join(os.TempDir(), "rnic-bench-quick") })
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := run(context.Background(), o, log); err != nil {
@@ -88,6 +103,14 @@ type Result struct {
 	CPUus float64 `json:"server_cpu_us_per_io"`
 }
 
+// Idle is the CPU our processes used, logged in and with no I/O, over a
+// few seconds after the jobs of one repetition.
+type Idle struct {
+	System     string  `json:"system"`
+	Rep        int     `json:"rep"`
+	CPUPercent float64 `json:"cpu_percent"` // of one CPU
+}
+
 // RSS is the peak resident set of our processes in one repetition.
 type RSS struct {
 	System string `json:"system"`
@@ -103,6 +126,7 @@ type report struct {
 	Options  string    `json:"options"`
 	Results  []Result  `json:"results"`
 	RSS      []RSS     `json:"rss"`
+	Idle     []Idle    `json:"idle"`
 	Versions []string  `json:"versions"`
 }
 
@@ -132,22 +156,28 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	systems := allSystems(bin, o.size, o.cpus)
 	if o.systems != "" {
 		systems = pick(systems, strings.Split(o.systems, ","))
+	} else {
+		systems = slices.DeleteFunc(systems, func(s system) bool { return s.optional })
+	}
+	if len(systems) == 0 {
+		return errors.New("no systems selected")
 	}
 	host, _ := os.Hostname()
 	rep := report{Started: time.Now().UTC(), Host: host, CPUs: numCPU(),
-		Options: fmt.Sprintf("reps=%d runtime=%ds ramp=%ds region=%s size=%s, rinit and rtarget --cpus %d", o.reps, o.runtime,
-			o.ramp, o.region, o.size, o.cpus),
+		Options: fmt.Sprintf("reps=%d runtime=%ds ramp=%ds region=%s size=%s, rinit and rtarget %s", o.reps, o.runtime,
+			o.ramp, o.region, o.size, cpusText(o.cpus)),
 		Versions: versions()}
 
 	for r := 1; r <= o.reps; r++ {
 		for _, sys := range systems {
 			log.Info("system", "name", sys.name, "rep", r)
-			res, rss, err := runSystem(ctx, sys, jobs, r, o, work, log)
+			res, rss, idle, err := runSystem(ctx, sys, jobs, r, o, work, log)
 			if err != nil {
 				return fmt.Errorf("%s rep %d: %w", sys.name, r, err)
 			}
 			rep.Results = append(rep.Results, res...)
 			rep.RSS = append(rep.RSS, rss...)
+			rep.Idle = append(rep.Idle, idle...)
 		}
 	}
 	b, _ := json.MarshalIndent(rep, "", "  ")
@@ -162,7 +192,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	}
 	if o.micro {
 		log.Info("Go micro-benchmarks")
-		if micro, err = microBenchmarks(ctx); err != nil {
+		if micro, err = microBenchmarks(ctx, o, work); err != nil {
 			return fmt.Errorf("micro-benchmarks: %w", err)
 		}
 		if err := os.WriteFile(filepath.Join(o.out, "micro.txt"), []byte(micro), 0o644); err != nil {
@@ -176,8 +206,17 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	if err := plots(rep, jobs, systems, o.out); err != nil {
 		return fmt.Errorf("plots: %w", err)
 	}
+	fmt.Printf("\n%s\n\n%s\n%s\n%s\n%s\n", rep.Options, targetTable(rep), idleTable(rep), microTable(micro),
+		"report: "+filepath.Join(o.out, "report.md"))
 	log.Info("done", "report", filepath.Join(o.out, "report.md"))
 	return nil
+}
+
+func cpusText(cpus int) string {
+	if cpus < 0 {
+		return "with default flags"
+	}
+	return "--cpus " + strconv.Itoa(cpus)
 }
 
 func numCPU() int {
@@ -408,10 +447,10 @@ type fioDir struct {
 	} `json:"lat_ns"`
 }
 
-func runSystem(ctx context.Context, sys system, jobs []string, rep int, o options, work string, log *slog.Logger) ([]Result, []RSS, error) {
+func runSystem(ctx context.Context, sys system, jobs []string, rep int, o options, work string, log *slog.Logger) ([]Result, []RSS, []Idle, error) {
 	dir, err := os.MkdirTemp(work, sys.name)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	defer os.RemoveAll(dir)
 	procs, uri, err := sys.start(dir, work, nil)
@@ -421,17 +460,17 @@ func runSystem(ctx context.Context, sys system, jobs []string, rep int, o option
 		}
 	}()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if _, err := fio(ctx, filepath.Join(o.jobsDir, "fill.fio"), uri, o); err != nil {
-		return nil, nil, fmt.Errorf("fill: %w", err)
+		return nil, nil, nil, fmt.Errorf("fill: %w", err)
 	}
 	var out []Result
 	for _, j := range jobs {
 		cpu0 := cpuSeconds(procs)
 		r, err := fio(ctx, filepath.Join(o.jobsDir, j+".fio"), uri, o)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		// I/Os over the ramp too, at the measured rate: the CPU time
 		// covers the whole fio run.
@@ -444,24 +483,41 @@ func runSystem(ctx context.Context, sys system, jobs []string, rep int, o option
 		out = append(out, r)
 	}
 	var rss []RSS
-	for _, p := range procs {
-		if sys.ours {
+	var idle []Idle
+	if sys.ours {
+		for _, p := range procs {
 			rss = append(rss, RSS{System: sys.name, Rep: rep, Proc: p.name, PeakKB: p.peakKB()})
 		}
+		// The session stays logged in with nothing to do: its pollers
+		// must park, not spin.
+		const idleFor = 2 * time.Second
+		time.Sleep(500 * time.Millisecond) // past the last job's tail
+		cpu0 := cpuSeconds(procs)
+		time.Sleep(idleFor)
+		pct := (cpuSeconds(procs) - cpu0) / idleFor.Seconds() * 100
+		idle = append(idle, Idle{System: sys.name, Rep: rep, CPUPercent: pct})
+		log.Info("idle", "system", sys.name, "rep", rep, "cpu_percent", pct)
 	}
-	return out, rss, nil
+	return out, rss, idle, nil
 }
 
 // system is one block service under test, reachable at an NBD URI.
 type system struct {
 	name, title string
 	ours        bool
-	start       func(dir, work string, extra map[string][]string) ([]*proc, string, error)
+	// optional systems run only when -systems names them.
+	optional bool
+	start    func(dir, work string, extra map[string][]string) ([]*proc, string, error)
 }
 
 func allSystems(bin, size string, cpus int) []system {
 	rtarget, rinit := filepath.Join(bin, "rtarget"), filepath.Join(bin, "rinit")
+	// cpus < 0: rinit and rtarget with their default flags.
 	ourStack := func(store string, cpus int) func(dir, work string, extra map[string][]string) ([]*proc, string, error) {
+		var cpuFlag []string
+		if cpus >= 0 {
+			cpuFlag = []string{"--cpus", strconv.Itoa(cpus)}
+		}
 		return func(dir, work string, extra map[string][]string) ([]*proc, string, error) {
 			tp, err := freePort()
 			if err != nil {
@@ -472,7 +528,8 @@ func allSystems(bin, size string, cpus int) []system {
 				return nil, "", err
 			}
 			targs := []string{rtarget, "serve", "--listen", "127.0.0.1:" + strconv.Itoa(tp), "--volume", "bench:" + size,
-				"--store", store, "--data", filepath.Join(dir, "data"), "--log-level", "warn", "--cpus", strconv.Itoa(cpus)}
+				"--store", store, "--data", filepath.Join(dir, "data"), "--log-level", "warn"}
+			targs = append(targs, cpuFlag...)
 			t, err := startProc(work, "rtarget", append(targs, extra["rtarget"]...)...)
 			if err != nil {
 				return nil, "", err
@@ -482,7 +539,8 @@ func allSystems(bin, size string, cpus int) []system {
 				return procs, "", err
 			}
 			iargs := []string{rinit, "nbd", "--target", "127.0.0.1:" + strconv.Itoa(tp), "--volume", "bench",
-				"--listen", "127.0.0.1:" + strconv.Itoa(np), "--log-level", "warn", "--cpus", strconv.Itoa(cpus)}
+				"--listen", "127.0.0.1:" + strconv.Itoa(np), "--log-level", "warn"}
+			iargs = append(iargs, cpuFlag...)
 			i, err := startProc(work, "rinit", append(iargs, extra["rinit"]...)...)
 			if err != nil {
 				return procs, "", err
@@ -573,7 +631,8 @@ func allSystems(bin, size string, cpus int) []system {
 			procs = append(procs, f)
 			return procs, fmt.Sprintf("nbd://127.0.0.1:%d/", front), waitPort(front, procs)
 		}},
-		{name: "rnic-memory-allcpus", title: "rinit -> rtarget (memory store), --cpus 0", ours: true, start: ourStack("memory", 0)},
+		{name: "rnic-memory-cpus1", title: "rinit -> rtarget (memory store), --cpus 1", ours: true, optional: true,
+			start: ourStack("memory", 1)},
 	}
 }
 
@@ -761,12 +820,33 @@ func trimPprof(s string) string {
 	return strings.Join(keep, "\n") + "\n"
 }
 
-// microBenchmarks runs the Go benchmarks the report quotes.
-func microBenchmarks(ctx context.Context) (string, error) {
+// engineBench selects the engine's benchmark pairs (ours, then raw Go TCP
+// doing the same on the same loopback) and the message and atomic rates.
+const engineBench = "^(BenchmarkWriteStream|BenchmarkTCPStream|BenchmarkRead4K|BenchmarkTCPPingPong4K|BenchmarkSendRecv|BenchmarkFetchAdd)$"
+
+// microBenchmarks runs the Go benchmarks the report quotes: the engine's
+// pairs three times over (each run has every pair side by side, so drift
+// hits both sides alike) and, unless quick, the other packages' once.
+func microBenchmarks(ctx context.Context, o options, work string) (string, error) {
 	var sb strings.Builder
+	bin := filepath.Join(work, "rnic.test")
+	if out, err := exec.CommandContext(ctx, "go", "test", "-c", "-o", bin, microPkg).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go test -c %s: %v\n%s", microPkg, err, out)
+	}
+	for i := 1; i <= 3; i++ {
+		cmd := exec.CommandContext(ctx, bin, "-test.run", "^$", "-test.bench", engineBench, "-test.benchtime", "1s")
+		cmd.Dir = microPkg
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("%s -test.bench: %v\n%s", microPkg, err, out)
+		}
+		fmt.Fprintf(&sb, "$ go test -run '^$' -bench '%s' -benchtime 1s %s   # run %d of 3\n%s\n", engineBench, microPkg, i, out)
+	}
+	if o.quick {
+		return sb.String(), nil
+	}
 	for _, b := range []struct{ pkg, re, time string }{
 		{"./rnic/crc32c", ".", "300ms"},
-		{"./rnic", ".", "1s"},
 		{"./blockproto", ".", "300ms"},
 		{"./initiator", ".", "1000x"},
 	} {

@@ -118,15 +118,15 @@ func markdown(rep report, jobs []string, systems []system, micro, prof string) s
 	for _, v := range rep.Versions {
 		fmt.Fprintf(&b, "- %s\n", strings.SplitN(v, "\n", 2)[0])
 	}
-	b.WriteString("\n## Targets\n\n| Target | Ours | Peer | Ratio | Goal |\n|---|---|---|---|---|\n")
-	for _, t := range []struct{ job, ours, peer, goal string }{
-		{"randread-4k-qd16", "rnic-memory", "nbdkit-memory", ">= 1.0x"},
-		{"randread-4k-qd16", "rnic-memory", "nbdkit-proxy", ">= 1.5x"},
-		{"randwrite-4k-qd16", "rnic-badger", "nbd-server", ">= 1.0x"},
-		{"seqread-1m", "rnic-memory", "nbdkit-memory", ">= 1.0x"},
-	} {
-		o, p := med[t.job][t.ours], med[t.job][t.peer]
-		fmt.Fprintf(&b, "| %s %s: %s vs %s | %.0f | %.0f | %s | %s |\n", t.job, unit(t.job), t.ours, t.peer, o, p, ratio(o, p), t.goal)
+	b.WriteString("\n## Targets of the data path (issue 16)\n\nOurs is " + ours + " (rinit -> rtarget, memory store); " +
+		"medians of the repetitions above. Rates are IOPS (4K) or MB/s (1M); CPU is rinit + rtarget (user + system) per I/O " +
+		"against the peer's server processes.\n\n")
+	b.WriteString(targetTable(rep))
+	if t := idleTable(rep); t != "" {
+		b.WriteString("\n" + t)
+	}
+	if micro != "" {
+		b.WriteString("\n" + microTable(micro))
 	}
 	b.WriteString("\n## Medians\n\n| Job | unit |")
 	for _, s := range systems {

@@ -28,9 +28,10 @@ type grantTable struct {
 	bytes   int64             // buffer bytes counted in Target.grantBytes
 }
 
-// setup allocates up to n grants of size bytes within the target's grant
-// budget (half the buffer budget).
-func (gt *grantTable) setup(t *Target, pd *rnic.PD, n, size int) error {
+// setup allocates up to n grants of size bytes on c within the target's
+// grant budget (half the buffer budget).
+func (gt *grantTable) setup(c *conn, n, size int) error {
+	t := c.t
 	gt.byIndex = make(map[uint32]*grant, n)
 	limit := t.cfg.BufferBytes / 2
 	for i := 0; i < n; i++ {
@@ -38,15 +39,15 @@ func (gt *grantTable) setup(t *Target, pd *rnic.PD, n, size int) error {
 			t.grantBytes.Add(-int64(size))
 			break
 		}
-		buf := t.pool.tryGet(size)
+		buf := t.pool.TryGet(size)
 		if buf == nil {
 			t.grantBytes.Add(-int64(size))
 			break
 		}
 		gt.bytes += int64(size)
-		mr, err := pd.AllocMRSTag(1, true)
+		mr, err := c.AllocSTag(true)
 		if err != nil {
-			t.pool.put(buf)
+			t.pool.Put(buf)
 			return err
 		}
 		g := &grant{mr: mr, buf: buf[:size]}
@@ -78,14 +79,6 @@ func (gt *grantTable) advertise(g *grant, stag rnic.STag) {
 	gt.mu.Unlock()
 }
 
-// unadvertise puts back a grant whose advertisement was not sent.
-func (gt *grantTable) unadvertise(g *grant) {
-	gt.mu.Lock()
-	g.out = false
-	gt.idle = append(gt.idle, g)
-	gt.mu.Unlock()
-}
-
 // consume takes the outstanding grant advertised as stag (nil if none).
 func (gt *grantTable) consume(stag rnic.STag) *grant {
 	gt.mu.Lock()
@@ -112,13 +105,13 @@ func (gt *grantTable) count() int {
 	return len(gt.all)
 }
 
-// release frees every grant (the engine no longer uses them).
+// release returns every grant's buffer (the engine no longer uses them;
+// the endpoint frees their STags).
 func (gt *grantTable) release(t *Target) {
 	gt.mu.Lock()
 	defer gt.mu.Unlock()
 	for _, g := range gt.all {
-		g.mr.Dealloc()
-		t.pool.put(g.buf)
+		t.pool.Put(g.buf)
 	}
 	t.grantBytes.Add(-gt.bytes)
 	gt.all, gt.idle, gt.byIndex, gt.bytes = nil, nil, nil, 0

@@ -42,7 +42,7 @@ func (t *Target) handle(req *rnic.ConnRequest) {
 		t.m.LoginFailures.Add(1)
 		return
 	}
-	q, err := t.newQConn()
+	c, err := t.newConn()
 	if err != nil {
 		<-t.logins
 		t.log.Error("allocating a QP", "err", err)
@@ -54,37 +54,37 @@ func (t *Target) handle(req *rnic.ConnRequest) {
 		t.mu.Unlock()
 		<-t.logins
 		req.Reject(nil)
-		q.down()
+		c.down()
 		return
 	}
-	t.pending[q] = struct{}{}
+	t.pending[c] = struct{}{}
 	t.mu.Unlock()
-	ctx, cancel := context.WithTimeout(q.ctx, t.cfg.LoginTimeout)
-	err = t.accept(ctx, req, q)
+	ctx, cancel := context.WithTimeout(c.Context(), t.cfg.LoginTimeout)
+	err = t.accept(ctx, req, c)
 	cancel()
 	t.mu.Lock()
-	delete(t.pending, q)
+	delete(t.pending, c)
 	t.mu.Unlock()
 	<-t.logins
 	if err != nil {
 		t.m.LoginFailures.Add(1)
 		t.log.Info("login refused", "peer", req.RemoteAddr, "err", err)
 		var le *loginError
-		if errors.As(err, &le) && q.qp.State() == rnic.StateRTS {
-			q.reject(le)
+		if errors.As(err, &le) && c.QP.State() == rnic.StateRTS {
+			c.reject(le)
 		}
-		q.down()
+		c.down()
 		return
 	}
-	q.sess.startQP(q)
+	c.sess.startQP(c)
 }
 
-// accept runs the MPA exchange and the login on q.
-func (t *Target) accept(ctx context.Context, req *rnic.ConnRequest, q *qconn) error {
-	if _, err := req.Accept(ctx, q.qp, rnic.AcceptParams{IRD: t.cfg.IRD, ORD: 1, LargeFPDU: true}); err != nil {
+// accept runs the MPA exchange and the login on c.
+func (t *Target) accept(ctx context.Context, req *rnic.ConnRequest, c *conn) error {
+	if _, err := req.Accept(ctx, c.QP, rnic.AcceptParams{IRD: t.cfg.IRD, ORD: 1, LargeFPDU: true}); err != nil {
 		return fmt.Errorf("target: accept: %w", err)
 	}
-	_, msg, err := q.waitRecv(ctx)
+	msg, err := c.waitLoginMsg(ctx)
 	if err != nil {
 		return err
 	}
@@ -113,12 +113,12 @@ func (t *Target) accept(ctx context.Context, req *rnic.ConnRequest, q *qconn) er
 	if err != nil {
 		return err
 	}
-	ch := blockproto.EncodeChallenge(q.txArea(q.loginArea()), &nonce)
+	ch := blockproto.EncodeChallenge(c.Area(c.loginArea()), &nonce)
 	challenge := append(blockproto.Challenge(nil), ch...)
-	if err := q.sendLogin(len(ch)); err != nil {
+	if err := c.sendLogin(len(ch)); err != nil {
 		return err
 	}
-	_, msg, err = q.waitRecv(ctx)
+	msg, err = c.waitLoginMsg(ctx)
 	if err != nil {
 		return err
 	}
@@ -131,25 +131,25 @@ func (t *Target) accept(ctx context.Context, req *rnic.ConnRequest, q *qconn) er
 	if err != nil || !blockproto.ProofEqual(want[:], proof.MAC()) || !known {
 		return refuse(blockproto.StatusAuth, "authentication failed", fmt.Errorf("initiator %q volume %q", name, volName))
 	}
-	sess, err := t.attach(ctx, q, login)
+	sess, err := t.attach(ctx, c, login)
 	if err != nil {
 		return err
 	}
-	if err := t.welcome(q, secret, login, challenge, proof); err != nil {
+	if err := t.welcome(c, secret, login, challenge, proof); err != nil {
 		sess.end("login failed after authentication")
 		return err
 	}
 	t.m.QPsActive.Add(1)
 	t.log.Info("QP logged in", "initiator", name, "volume", volName, "session", sess.id, "slot", sess.slot,
-		"qp", q.qp.ID(), "credits", q.credits, "grants", q.grants.count(), "inline", q.inline, "join", login.Join())
+		"qp", c.QP.ID(), "credits", c.credits, "grants", c.grants.count(), "inline", c.inline, "join", login.Join())
 	return nil
 }
 
 // attach creates the session of a new login, or finds the session a join
-// names, and adds q to it.
-func (t *Target) attach(ctx context.Context, q *qconn, login blockproto.Login) (*session, error) {
+// names, and adds c to it.
+func (t *Target) attach(ctx context.Context, c *conn, login blockproto.Login) (*session, error) {
 	name, volName := string(login.Initiator()), string(login.Volume())
-	q.credits = min(int(login.Credits()), t.cfg.MaxCredits)
+	c.credits = min(int(login.Credits()), t.cfg.MaxCredits)
 	if login.Join() {
 		t.mu.Lock()
 		s := t.sessions[login.SessionID()]
@@ -157,10 +157,10 @@ func (t *Target) attach(ctx context.Context, q *qconn, login blockproto.Login) (
 		if s == nil || s.name != name || s.vol.name != volName {
 			return nil, refuse(blockproto.StatusNoSession, "no such session", fmt.Errorf("join %#x", login.SessionID()))
 		}
-		if err := q.setupSession(s); err != nil {
+		if err := c.setupSession(s); err != nil {
 			return nil, err
 		}
-		if !s.addQP(q) {
+		if !s.addQP(c) {
 			return nil, refuse(blockproto.StatusBusy, "session ended or has its maximum of QPs", nil)
 		}
 		return s, nil
@@ -193,60 +193,57 @@ func (t *Target) attach(ctx context.Context, q *qconn, login blockproto.Login) (
 	t.mu.Unlock()
 	t.m.SessionsActive.Add(1)
 	t.m.SessionsTotal.Add(1)
-	if err := q.setupSession(s); err != nil {
+	if err := c.setupSession(s); err != nil {
 		s.end("login failed")
 		return nil, err
 	}
-	if !s.addQP(q) {
+	if !s.addQP(c) {
 		s.end("login failed")
 		return nil, refuse(blockproto.StatusBusy, "session ended", nil)
 	}
 	return s, nil
 }
 
-// setupSession allocates q's slots and grants and registers the lock
+// setupSession allocates c's slots and grants and registers the lock
 // table for it.
-func (q *qconn) setupSession(s *session) error {
-	t := q.t
-	q.sess = s
-	if err := q.setupSlots(q.credits); err != nil {
+func (c *conn) setupSession(s *session) error {
+	t := c.t
+	c.sess = s
+	if err := c.setupSlots(c.credits); err != nil {
 		return refuse(blockproto.StatusBusy, "out of STags", err)
 	}
-	if err := q.grants.setup(t, q.pd, min(q.credits, t.cfg.MaxGrants), t.cfg.GrantSize); err != nil {
+	if err := c.grants.setup(c, min(c.credits, t.cfg.MaxGrants), t.cfg.GrantSize); err != nil {
 		return refuse(blockproto.StatusBusy, "out of STags", err)
 	}
-	mr, err := q.pd.RegisterMR(rnic.Bytes(s.vol.mem), rnic.MROptions{
+	mr, err := c.RegisterMR(rnic.Bytes(s.vol.mem), rnic.MROptions{
 		Access: rnic.LocalRead | rnic.LocalWrite | rnic.RemoteAtomic, ZeroBased: true})
 	if err != nil {
 		return refuse(blockproto.StatusBusy, "cannot register the lock table", err)
 	}
-	q.lockMR = mr
+	c.lockMR = mr
 	return nil
 }
 
 // welcome posts the session's receives and sends WELCOME with the first
 // grants and the target's proof.
-func (t *Target) welcome(q *qconn, secret []byte, login blockproto.Login,
+func (t *Target) welcome(c *conn, secret []byte, login blockproto.Login,
 	challenge blockproto.Challenge, proof blockproto.Proof) error {
-	s := q.sess
+	s := c.sess
 	// Receives 0 and 1 carried LOGIN and PROOF; the session needs 2C.
-	for i := 0; i < 2*q.credits; i++ {
-		if err := q.postRecv(i); err != nil {
-			return err
-		}
+	if err := c.PostReceives(0, 2*c.credits); err != nil {
+		return err
 	}
-	q.nrx = 2 * q.credits
 	size := s.vol.v.Info().Size
 	s.vol.size.Store(size)
 	f := blockproto.WelcomeFields{SessionID: s.id, BootID: s.vol.bootID, VolumeSize: uint64(size),
 		VolumeID: s.vol.info.ID, MaxTransfer: uint32(t.cfg.MaxTransfer), GrantSize: uint32(t.cfg.GrantSize),
-		Credits: uint16(q.credits), Slot: s.slot, LockSTag: uint32(q.lockMR.STag()),
+		Credits: uint16(c.credits), Slot: s.slot, LockSTag: uint32(c.lockMR.STag()),
 		LockCount: uint32(len(s.vol.words) - blockproto.FirstLockWord), MinIO: minIO, PreferredIO: blk}
 	if s.vol.readOnly {
 		f.VolumeFlags |= blockproto.VolumeReadOnly
 	}
 	if n := min(int(login.Inline()), t.cfg.MaxInline) / minIO * minIO; n > 0 {
-		if err := q.setupInline(n); err != nil {
+		if err := c.setupInline(n); err != nil {
 			return refuse(blockproto.StatusBusy, "cannot register inline buffers", err)
 		}
 		f.Inline = uint32(n)
@@ -254,7 +251,7 @@ func (t *Target) welcome(q *qconn, secret []byte, login blockproto.Login,
 	var wrs []rnic.SendWR
 	var frs [blockproto.MaxWelcomeGrants]rnic.FastReg
 	for len(f.Grants) < blockproto.MaxWelcomeGrants {
-		g := q.grants.next()
+		g := c.grants.next()
 		if g == nil {
 			break
 		}
@@ -264,11 +261,11 @@ func (t *Target) welcome(q *qconn, secret []byte, login blockproto.Login,
 		frs[i] = rnic.FastReg{STag: st, Mem: rnic.Memory{Pages: g.pages[:], Len: uint64(len(g.buf))}, ZeroBased: true,
 			Access: rnic.LocalWrite | rnic.RemoteWrite}
 		wrs = append(wrs, rnic.SendWR{Op: rnic.WRFastReg, Unsignaled: true, FastReg: &frs[i]})
-		q.grants.advertise(g, st)
+		c.grants.advertise(g, st)
 		t.m.GrantsIssued.Add(1)
 		f.Grants = append(f.Grants, blockproto.GrantFields{STag: uint32(st), Len: uint32(len(g.buf))})
 	}
-	area := q.txArea(q.loginArea())
+	area := c.Area(c.loginArea())
 	w, err := blockproto.EncodeWelcome(area, &f)
 	if err != nil {
 		return err
@@ -280,21 +277,27 @@ func (t *Target) welcome(q *qconn, secret []byte, login blockproto.Login,
 	copy(w.TargetProof(), tp[:])
 	// Unsignaled: the initiator may answer at once, and from here on the
 	// poller owns the CQ. The login area is not used again.
-	wrs = append(wrs, rnic.SendWR{Op: rnic.WRSend, Unsignaled: true, SGL: []rnic.SGE{q.txSGE(q.loginArea(), len(w))}})
-	if _, err := q.qp.PostSend(wrs...); err != nil {
+	wrs = append(wrs, rnic.SendWR{Op: rnic.WRSend, Unsignaled: true, SGL: []rnic.SGE{c.AreaSGE(c.loginArea(), len(w))}})
+	if _, err := c.QP.PostSend(wrs...); err != nil {
 		return fmt.Errorf("target: sending WELCOME: %w", err)
 	}
 	return nil
 }
 
-// Work request ID of the signaled REJECT.
-const wrLogin = 1<<62 + 1
+// waitLoginMsg waits for the next message during login.
+func (c *conn) waitLoginMsg(ctx context.Context) ([]byte, error) {
+	_, msg, err := c.WaitRecv(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("target: waiting for a login message: %w", err)
+	}
+	return msg, nil
+}
 
 // sendLogin sends the first n bytes of the login area, unsignaled: the
 // area is next written after the initiator answered, when the Send is
 // long gone.
-func (q *qconn) sendLogin(n int) error {
-	_, err := q.qp.PostSend(rnic.SendWR{Op: rnic.WRSend, Unsignaled: true, SGL: []rnic.SGE{q.txSGE(q.loginArea(), n)}})
+func (c *conn) sendLogin(n int) error {
+	_, err := c.QP.PostSend(rnic.SendWR{Op: rnic.WRSend, Unsignaled: true, SGL: []rnic.SGE{c.AreaSGE(c.loginArea(), n)}})
 	if err != nil {
 		return fmt.Errorf("target: login send: %w", err)
 	}
@@ -302,26 +305,26 @@ func (q *qconn) sendLogin(n int) error {
 }
 
 // reject sends REJECT and closes the connection.
-func (q *qconn) reject(le *loginError) {
-	m, err := blockproto.EncodeResponse(q.txArea(q.loginArea()), &blockproto.ResponseFields{Op: blockproto.OpReject,
+func (c *conn) reject(le *loginError) {
+	m, err := blockproto.EncodeResponse(c.Area(c.loginArea()), &blockproto.ResponseFields{Op: blockproto.OpReject,
 		Status: le.status, Value: le.value, Detail: le.detail})
 	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), q.t.cfg.LoginTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.t.cfg.LoginTimeout)
 	defer cancel()
-	if _, err := q.qp.PostSend(rnic.SendWR{ID: wrLogin, Op: rnic.WRSend, SGL: []rnic.SGE{q.txSGE(q.loginArea(), len(m))}}); err != nil {
+	if _, err := c.QP.PostSend(rnic.SendWR{ID: wrLogin, Op: rnic.WRSend, SGL: []rnic.SGE{c.AreaSGE(c.loginArea(), len(m))}}); err != nil {
 		return
 	}
 	// Wait for the REJECT to leave before closing; ignore anything the
 	// initiator still sends.
 	var wc [1]rnic.WC
 	for {
-		if _, err := q.cq.Wait(ctx, wc[:]); err != nil || wc[0].Status != rnic.StatusSuccess || wc[0].ID == wrLogin && wc[0].Op != rnic.WRRecv {
+		if _, err := c.CQ.Wait(ctx, wc[:]); err != nil || wc[0].Status != rnic.StatusSuccess || wc[0].ID == wrLogin && wc[0].Op != rnic.WRRecv {
 			break
 		}
 	}
-	if q.qp.State() == rnic.StateRTS {
-		q.qp.Modify(rnic.StateClosing, rnic.ModifyAttrs{})
+	if c.QP.State() == rnic.StateRTS {
+		c.QP.Modify(rnic.StateClosing, rnic.ModifyAttrs{})
 	}
 }

@@ -15,31 +15,31 @@ type session struct {
 	slot uint8
 
 	mu      sync.Mutex
-	qps     []*qconn
+	qps     []*conn
 	ended   bool
 	endOnce sync.Once
 }
 
 // addQP adds a logged-in QP; false if the session ended or is full.
-func (s *session) addQP(q *qconn) bool {
+func (s *session) addQP(c *conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ended || len(s.qps) >= s.t.cfg.MaxQPsPerSession {
 		return false
 	}
-	s.qps = append(s.qps, q)
-	q.sess = s
+	s.qps = append(s.qps, c)
+	c.sess = s
 	return true
 }
 
-// startQP starts a logged-in QP's poller and workers, unless the session
-// ended meanwhile (end then tears q down; it must not race with the start,
-// whose WaitGroup.Add it waits on).
-func (s *session) startQP(q *qconn) {
+// startQP starts a logged-in QP's completion loop and workers, unless the
+// session ended meanwhile (end then tears c down; it must not race with
+// the start, whose WaitGroup.Add it waits on).
+func (s *session) startQP(c *conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.ended {
-		q.startWorkers()
+		c.start()
 	}
 }
 
@@ -56,11 +56,11 @@ func (s *session) end(reason string) {
 		delete(t.sessions, s.id)
 		t.mu.Unlock()
 		var wg sync.WaitGroup
-		for _, q := range qps {
+		for _, c := range qps {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				q.down()
+				c.down()
 			}()
 		}
 		wg.Wait()
@@ -78,18 +78,18 @@ func (s *session) end(reason string) {
 // and closes them gracefully.
 func (s *session) goodbye(ctx context.Context, synced bool) {
 	s.mu.Lock()
-	qps := append([]*qconn(nil), s.qps...)
+	qps := append([]*conn(nil), s.qps...)
 	s.mu.Unlock()
 	detail := "target shutting down; acknowledged writes are durable"
 	if !synced {
 		detail = "target shutting down"
 	}
 	var wg sync.WaitGroup
-	for _, q := range qps {
+	for _, c := range qps {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			q.sayGoodbye(ctx, synced, detail)
+			c.sayGoodbye(ctx, synced, detail)
 		}()
 	}
 	wg.Wait()

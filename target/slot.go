@@ -24,7 +24,7 @@ const (
 // executes its commands, and the preallocated pieces its messages and work
 // requests are built from (no allocation per command).
 type slot struct {
-	q   *qconn
+	c   *conn
 	idx int
 
 	mu      sync.Mutex // state, buf, stag, deadline: poller, worker and lease timer
@@ -52,15 +52,15 @@ type slot struct {
 	sge   [1]rnic.SGE
 }
 
-// setupSlots creates n slots with their STags, timers and workers.
-func (q *qconn) setupSlots(n int) error {
-	q.slots = make([]slot, n)
-	for i := range q.slots {
-		s := &q.slots[i]
-		s.q, s.idx = q, i
+// setupSlots creates n slots with their STags and timers.
+func (c *conn) setupSlots(n int) error {
+	c.slots = make([]slot, n)
+	for i := range c.slots {
+		s := &c.slots[i]
+		s.c, s.idx = c, i
 		s.wake = make(chan struct{}, 1)
 		s.scratch = make([]byte, store.BlockSize)
-		mr, err := q.pd.AllocMRSTag(1, true)
+		mr, err := c.AllocSTag(true)
 		if err != nil {
 			return fmt.Errorf("target: allocate slot STag: %w", err)
 		}
@@ -72,58 +72,56 @@ func (q *qconn) setupSlots(n int) error {
 	return nil
 }
 
-// startWorkers starts the poller and one worker per slot.
-func (q *qconn) startWorkers() {
-	q.wg.Add(1 + len(q.slots))
-	go q.poll()
-	for i := range q.slots {
-		go q.work(&q.slots[i])
+// start starts the completion loop and one worker per slot.
+func (c *conn) start() {
+	c.workers.Add(len(c.slots))
+	for i := range c.slots {
+		go c.work(&c.slots[i])
 	}
+	c.Start(c.handle)
 }
 
-func (q *qconn) work(s *slot) {
-	defer q.wg.Done()
+func (c *conn) work(s *slot) {
+	defer c.workers.Done()
 	for {
 		select {
 		case <-s.wake:
-		case <-q.ctx.Done():
+		case <-c.Context().Done():
 			return
 		}
 		s.began = s.arrived
-		q.execute(s)
-		q.t.end()
+		c.execute(s)
+		c.t.end()
 	}
 }
 
 // onRecv handles one received message (poller goroutine): it checks it,
 // reposts the receive, then advances the slot's exchange. An error is a
 // protocol violation.
-func (q *qconn) onRecv(wc *rnic.WC) error {
-	i := int(wc.ID)
-	msg := q.rx(i)[:wc.Bytes]
-	c, err := blockproto.ParseCommand(msg)
+func (c *conn) onRecv(wc *rnic.WC) error {
+	m, err := blockproto.ParseCommand(c.Received(wc))
 	if err != nil {
 		return fmt.Errorf("message on QP after login: %w", err)
 	}
 	var cmd [blockproto.CommandLen]byte
-	copy(cmd[:], c)
-	if err := q.postRecv(i); err != nil {
-		q.markDead()
+	copy(cmd[:], m)
+	if err := c.Repost(int(wc.ID)); err != nil {
+		c.markDead()
 		return nil
 	}
-	c = cmd[:]
-	k := int(c.Tag() & 0xFFFF)
-	if k >= len(q.slots) {
-		return fmt.Errorf("%s with slot %d, credits %d", c.Op(), k, len(q.slots))
+	m = cmd[:]
+	k := int(m.Tag() & 0xFFFF)
+	if k >= len(c.slots) {
+		return fmt.Errorf("%s with slot %d, credits %d", m.Op(), k, len(c.slots))
 	}
-	s := &q.slots[k]
-	stag := rnic.STag(c.STag())
+	s := &c.slots[k]
+	stag := rnic.STag(m.STag())
 	invalidated := wc.HasInvalidated && wc.Invalidated == stag
 	if wc.HasInvalidated && !invalidated {
-		return fmt.Errorf("%s invalidated STag %s but names %s", c.Op(), wc.Invalidated, stag)
+		return fmt.Errorf("%s invalidated STag %s but names %s", m.Op(), wc.Invalidated, stag)
 	}
 	s.mu.Lock()
-	switch c.Op() {
+	switch m.Op() {
 	case blockproto.OpRelease:
 		if !invalidated || (s.state != slotAwaitRelease && s.state != slotAwaitWrite) || stag != s.stag {
 			st := s.state
@@ -142,7 +140,7 @@ func (q *qconn) onRecv(wc *rnic.WC) error {
 		case s.state == slotAwaitWrite && stag == s.stag:
 			s.lease.Stop()
 		case s.state == slotFree:
-			g := q.grants.consume(stag)
+			g := c.grants.consume(stag)
 			if g == nil {
 				s.mu.Unlock()
 				return fmt.Errorf("WRITE names %s, not an outstanding grant", stag)
@@ -156,25 +154,25 @@ func (q *qconn) onRecv(wc *rnic.WC) error {
 	default:
 		if wc.HasInvalidated {
 			s.mu.Unlock()
-			return fmt.Errorf("%s sent with Invalidate", c.Op())
+			return fmt.Errorf("%s sent with Invalidate", m.Op())
 		}
 		if s.state != slotFree {
 			st := s.state
 			s.mu.Unlock()
-			return fmt.Errorf("%s on busy slot %d (state %d)", c.Op(), k, st)
+			return fmt.Errorf("%s on busy slot %d (state %d)", m.Op(), k, st)
 		}
 	}
 	s.state = slotBusy
 	s.cmd = cmd
 	s.arrived = time.Now()
 	s.mu.Unlock()
-	if !q.t.begin() {
+	if !c.t.begin() {
 		return nil // draining: no answer; GOODBYE follows and the initiator replays
 	}
-	if q.runsHere(s) {
+	if c.runsHere(s) {
 		s.began = s.arrived
-		q.execute(s)
-		q.t.end()
+		c.execute(s)
+		c.t.end()
 		return nil
 	}
 	s.wake <- struct{}{}
@@ -190,15 +188,15 @@ const maxHere = 64 << 10
 // command only copies memory and posts Sends: it takes no pooled buffer
 // (a buffer could wait for a RELEASE that only this poller can see) and
 // waits for no I/O, and a burst of them then leaves in one write.
-func (q *qconn) runsHere(s *slot) bool {
-	c := blockproto.Command(s.cmd[:])
-	off, n := c.Offset(), c.Length()
-	if n > maxHere || off%blk != 0 || n%blk != 0 || !q.sess.vol.v.InMemory() {
+func (c *conn) runsHere(s *slot) bool {
+	m := blockproto.Command(s.cmd[:])
+	off, n := m.Offset(), m.Length()
+	if n > maxHere || off%blk != 0 || n%blk != 0 || !c.sess.vol.v.InMemory() {
 		return false
 	}
-	switch c.Op() {
+	switch m.Op() {
 	case blockproto.OpRead:
-		return c.Inline()
+		return m.Inline()
 	case blockproto.OpWrite:
 		return s.grant != nil
 	}
@@ -208,15 +206,15 @@ func (q *qconn) runsHere(s *slot) bool {
 // endExchangeLocked returns the exchange's buffer and frees the slot.
 func (s *slot) endExchangeLocked() {
 	s.lease.Stop()
-	s.q.t.pool.put(s.buf)
+	s.c.t.pool.Put(s.buf)
 	s.buf = nil
 	s.state = slotFree
 }
 
 // armLeaseLocked starts the lease of a buffer just advertised.
 func (s *slot) armLeaseLocked() {
-	s.deadline = time.Now().Add(s.q.t.cfg.ReadLease)
-	s.lease.Reset(s.q.t.cfg.ReadLease)
+	s.deadline = time.Now().Add(s.c.t.cfg.ReadLease)
+	s.lease.Reset(s.c.t.cfg.ReadLease)
 }
 
 // expire revokes the buffer STag of an exchange whose lease ran out. The
@@ -229,28 +227,26 @@ func (s *slot) expire() {
 		return
 	}
 	if err := s.mr.Invalidate(); err != nil {
-		s.q.log.Warn("revoking an expired buffer", "slot", s.idx, "err", err)
+		s.c.log.Warn("revoking an expired buffer", "slot", s.idx, "err", err)
 		return
 	}
-	s.q.t.m.LeaseExpired.Add(1)
-	s.q.log.Info("buffer lease expired: STag revoked", "qp", s.q.qp.ID(), "slot", s.idx, "stag", s.stag)
+	s.c.t.m.LeaseExpired.Add(1)
+	s.c.log.Info("buffer lease expired: STag revoked", "qp", s.c.QP.ID(), "slot", s.idx, "stag", s.stag)
 }
 
-// release frees the slot's resources at teardown.
+// release returns the slot's buffer and grant at teardown (the endpoint
+// frees its STag).
 func (s *slot) release() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.lease != nil {
 		s.lease.Stop()
 	}
-	s.q.t.pool.put(s.buf)
+	s.state = slotFree // a lease timer firing now finds nothing to revoke
+	s.c.t.pool.Put(s.buf)
 	s.buf = nil
 	if s.grant != nil {
-		s.q.grants.putIdle(s.grant)
+		s.c.grants.putIdle(s.grant)
 		s.grant = nil
-	}
-	if s.mr != nil {
-		s.mr.Dealloc()
-		s.mr = nil
 	}
 }

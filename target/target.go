@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/rnic-dev/rnic/internal/endpoint"
 	"github.com/rnic-dev/rnic/rnic"
 	"github.com/rnic-dev/rnic/store"
 )
@@ -24,7 +25,7 @@ type Target struct {
 	log    *slog.Logger
 	m      *Metrics
 	dev    *rnic.Device
-	pool   *bufPool
+	pool   *endpoint.Pool
 	bootID uint64
 	logins chan struct{} // semaphore of logins in progress
 
@@ -38,7 +39,7 @@ type Target struct {
 	mu       sync.Mutex
 	vols     map[string]*volume
 	sessions map[uint64]*session
-	pending  map[*qconn]struct{} // QPs still logging in
+	pending  map[*conn]struct{} // QPs still logging in
 	closed   bool
 
 	// active counts commands being executed; Shutdown waits for it to
@@ -62,9 +63,9 @@ func New(cfg Config) (*Target, error) {
 	}
 	maxBuf := cfg.MaxTransfer + 2*store.BlockSize
 	t := &Target{cfg: cfg, log: cfg.Logger, m: cfg.Metrics, dev: cfg.Device,
-		pool: newBufPool(store.BlockSize, maxBuf, cfg.BufferBytes), bootID: binary.LittleEndian.Uint64(b[:]) | 1,
+		pool: endpoint.NewPool(store.BlockSize, maxBuf, cfg.BufferBytes), bootID: binary.LittleEndian.Uint64(b[:]) | 1,
 		logins: make(chan struct{}, cfg.MaxLogins), stop: make(chan struct{}),
-		vols: make(map[string]*volume), sessions: make(map[uint64]*session), pending: make(map[*qconn]struct{})}
+		vols: make(map[string]*volume), sessions: make(map[uint64]*session), pending: make(map[*conn]struct{})}
 	t.idle = sync.NewCond(&t.actMu)
 	return t, nil
 }
@@ -180,9 +181,9 @@ func (t *Target) Shutdown(ctx context.Context) error {
 	for _, s := range t.sessions {
 		sess = append(sess, s)
 	}
-	pend := make([]*qconn, 0, len(t.pending))
-	for q := range t.pending {
-		pend = append(pend, q)
+	pend := make([]*conn, 0, len(t.pending))
+	for c := range t.pending {
+		pend = append(pend, c)
 	}
 	t.mu.Unlock()
 	if err == nil {
@@ -192,8 +193,8 @@ func (t *Target) Shutdown(ctx context.Context) error {
 			}
 		}
 	}
-	for _, q := range pend {
-		q.kill()
+	for _, c := range pend {
+		c.kill()
 	}
 	var wg sync.WaitGroup
 	for _, s := range sess {

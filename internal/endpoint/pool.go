@@ -1,4 +1,4 @@
-package target
+package endpoint
 
 import (
 	"context"
@@ -7,11 +7,13 @@ import (
 	"sync"
 )
 
-// bufPool hands out buffers in power-of-two size classes from minClass up,
-// within a byte budget that counts every buffer it allocated and still
-// holds (in use or cached). When the budget is used up, a request first
-// drops cached buffers of other classes, then waits for a release.
-type bufPool struct {
+// Pool hands out data buffers in power-of-two size classes, within a byte
+// budget that counts every buffer it allocated and still holds (in use or
+// cached). When the budget is used up, a request first drops cached
+// buffers of other classes, then waits for a release. Buffers are plain
+// memory: a protocol maps the part it exposes with a Fast-Register work
+// request when it advertises it. Safe for concurrent use.
+type Pool struct {
 	mu       sync.Mutex
 	free     [][][]byte // per class
 	minShift uint
@@ -21,15 +23,17 @@ type bufPool struct {
 	wake     chan struct{} // closed and replaced by put when waiters > 0
 }
 
-func newBufPool(minSize, maxSize int, budget int64) *bufPool {
+// NewPool returns a pool of buffers from minSize to maxSize bytes (each
+// rounded up to a power of two) within budget bytes.
+func NewPool(minSize, maxSize int, budget int64) *Pool {
 	minShift := uint(bits.Len(uint(minSize - 1)))
 	maxShift := uint(bits.Len(uint(maxSize - 1)))
-	return &bufPool{free: make([][][]byte, maxShift-minShift+1), minShift: minShift, budget: budget,
+	return &Pool{free: make([][][]byte, maxShift-minShift+1), minShift: minShift, budget: budget,
 		wake: make(chan struct{})}
 }
 
 // class returns the class index and size for n bytes (ok false if too big).
-func (p *bufPool) class(n int) (int, int, bool) {
+func (p *Pool) class(n int) (int, int, bool) {
 	s := uint(bits.Len(uint(max(n, 1) - 1)))
 	if s < p.minShift {
 		s = p.minShift
@@ -41,15 +45,15 @@ func (p *bufPool) class(n int) (int, int, bool) {
 	return c, 1 << s, true
 }
 
-// tryGet returns a buffer of at least n bytes (its length is the class
+// TryGet returns a buffer of at least n bytes (its length is the class
 // size), or nil if the budget does not allow one now.
-func (p *bufPool) tryGet(n int) []byte {
+func (p *Pool) TryGet(n int) []byte {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.tryGetLocked(n)
 }
 
-func (p *bufPool) tryGetLocked(n int) []byte {
+func (p *Pool) tryGetLocked(n int) []byte {
 	c, size, ok := p.class(n)
 	if !ok {
 		return nil
@@ -75,10 +79,11 @@ func (p *bufPool) tryGetLocked(n int) []byte {
 	return make([]byte, size)
 }
 
-// get waits for a buffer of at least n bytes.
-func (p *bufPool) get(ctx context.Context, n int) ([]byte, error) {
+// Get waits for a buffer of at least n bytes (its length is the class
+// size) until ctx ends.
+func (p *Pool) Get(ctx context.Context, n int) ([]byte, error) {
 	if _, size, ok := p.class(n); !ok || int64(size) > p.budget {
-		return nil, fmt.Errorf("target: buffer of %d bytes exceeds the pool", n)
+		return nil, fmt.Errorf("endpoint: buffer of %d bytes exceeds the pool", n)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -93,7 +98,7 @@ func (p *bufPool) get(ctx context.Context, n int) ([]byte, error) {
 		select {
 		case <-wake:
 		case <-ctx.Done():
-			err = fmt.Errorf("target: waiting for buffer memory: %w", ctx.Err())
+			err = fmt.Errorf("endpoint: waiting for buffer memory: %w", ctx.Err())
 		}
 		p.mu.Lock()
 		p.waiters--
@@ -103,8 +108,8 @@ func (p *bufPool) get(ctx context.Context, n int) ([]byte, error) {
 	}
 }
 
-// put returns a buffer obtained from get or tryGet.
-func (p *bufPool) put(b []byte) {
+// Put returns a buffer obtained from Get or TryGet (nil: nothing).
+func (p *Pool) Put(b []byte) {
 	if b == nil {
 		return
 	}
@@ -120,8 +125,9 @@ func (p *bufPool) put(b []byte) {
 	p.mu.Unlock()
 }
 
-// inUse reports the bytes allocated (for tests and metrics).
-func (p *bufPool) inUse() int64 {
+// InUse reports the bytes allocated and not dropped: buffers in use and
+// cached.
+func (p *Pool) InUse() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.used

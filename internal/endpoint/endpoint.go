@@ -336,7 +336,9 @@ func (e *Endpoint) Close(release func()) error {
 	return err
 }
 
-// free releases everything New and the registrations created.
+// free releases everything New and the registrations created. The fields
+// keep their (now dead) values: a racing poster then fails cleanly on the
+// destroyed QP instead of dereferencing nil.
 func (e *Endpoint) free() error {
 	var errs []error
 	e.mu.Lock()
@@ -350,7 +352,6 @@ func (e *Endpoint) free() error {
 			}
 		}
 	}
-	e.recvMR, e.sendMR = nil, nil
 	if e.QP != nil {
 		if err := e.QP.Destroy(); err != nil {
 			errs = append(errs, err)

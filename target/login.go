@@ -3,7 +3,6 @@ package target
 import (
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -183,16 +182,11 @@ func (t *Target) attach(ctx context.Context, c *conn, login blockproto.Login) (*
 		t.releaseVolume(vol)
 		return nil, refuse(blockproto.StatusBusy, fmt.Sprintf("volume %s has %d sessions", volName, blockproto.MaxSlot+1), nil)
 	}
-	t.mu.Lock()
-	for s.id == 0 || t.sessions[s.id] != nil {
-		var b [8]byte
-		rand.Read(b[:])
-		s.id = binary.LittleEndian.Uint64(b[:])
+	if !t.addSession(s) {
+		vol.releaseSlot(s.slot)
+		t.releaseVolume(vol)
+		return nil, refuse(blockproto.StatusShutdown, "target shutting down", nil)
 	}
-	t.sessions[s.id] = s
-	t.mu.Unlock()
-	t.m.SessionsActive.Add(1)
-	t.m.SessionsTotal.Add(1)
 	if err := c.setupSession(s); err != nil {
 		s.end("login failed")
 		return nil, err

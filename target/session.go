@@ -2,6 +2,8 @@ package target
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"sync"
 )
 
@@ -18,6 +20,26 @@ type session struct {
 	qps     []*conn
 	ended   bool
 	endOnce sync.Once
+}
+
+// addSession gives s an unused random ID and registers it with the
+// target (false once the target is closed: s is not registered).
+func (t *Target) addSession(s *session) bool {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return false
+	}
+	for s.id == 0 || t.sessions[s.id] != nil {
+		var b [8]byte
+		rand.Read(b[:])
+		s.id = binary.LittleEndian.Uint64(b[:])
+	}
+	t.sessions[s.id] = s
+	t.mu.Unlock()
+	t.m.SessionsActive.Add(1)
+	t.m.SessionsTotal.Add(1)
+	return true
 }
 
 // addQP adds a logged-in QP; false if the session ended or is full.

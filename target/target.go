@@ -76,9 +76,15 @@ func (t *Target) Metrics() *Metrics { return t.m }
 // BootID is this target incarnation's ID, sent in every WELCOME.
 func (t *Target) BootID() uint64 { return t.bootID }
 
+// Acceptor is what Serve takes connection requests from: an
+// *rnic.Listener, or one side of a listener shared with another protocol.
+type Acceptor interface {
+	Accept(ctx context.Context) (*rnic.ConnRequest, error)
+}
+
 // Serve accepts connection requests from l until ctx ends, Shutdown or
 // Close is called (then it returns ErrClosed), or l fails.
-func (t *Target) Serve(ctx context.Context, l *rnic.Listener) error {
+func (t *Target) Serve(ctx context.Context, l Acceptor) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {

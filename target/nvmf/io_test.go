@@ -1,0 +1,82 @@
+package nvmf
+
+import (
+	"bytes"
+	"crypto/rand"
+	"testing"
+
+	"github.com/rnic-dev/rnic/store"
+	"github.com/rnic-dev/rnic/target"
+)
+
+// TestFlushTrimZeroes on badger: Flush and FUA writes reach the store's
+// sync (its Syncs counter), Dataset Management with Deallocate trims
+// (the blocks read as zeros, the trim counter moves), without it nothing
+// happens, and Write Zeroes zeroes.
+func TestFlushTrimZeroes(t *testing.T) {
+	e := newTestEnv(t, envOpts{badger: true})
+	h := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})
+	sy := e.st.(store.Syncer)
+	data := make([]byte, 16*store.BlockSize)
+	rand.Read(data)
+	if st, err := h.write(0, 100, data, true); err != nil || st != StatusSuccess {
+		t.Fatalf("write: %v %v", st, err)
+	}
+	before := sy.Syncs()
+	if r, _, err := h.io[0].do(CommandFields{Opcode: IOFlush, NSID: 0xffffffff}, cmdOpts{}); err != nil || r.status() != StatusSuccess {
+		t.Fatalf("flush: %v %v", r.status(), err)
+	}
+	if sy.Syncs() == before {
+		t.Fatal("Flush did not sync the store")
+	}
+	before = sy.Syncs()
+	f := rw(IOWrite, 200, 1)
+	f.CDW10_15[2] |= 1 << 30 // FUA
+	if r, _, err := h.io[0].do(f, cmdOpts{dir: dirFromHost, data: data[:store.BlockSize], inCapsule: true}); err != nil ||
+		r.status() != StatusSuccess {
+		t.Fatalf("FUA write: %v %v", r.status(), err)
+	}
+	if sy.Syncs() == before {
+		t.Fatal("a FUA write did not sync the store")
+	}
+	// Deallocate blocks 104-107; a DSM without AD changes nothing.
+	o := dsmOpts(104, 4)
+	if r, _, err := h.io[0].do(dsm(false), o); err != nil || r.status() != StatusSuccess {
+		t.Fatalf("DSM without deallocate: %v %v", r.status(), err)
+	}
+	if got, _, _ := h.read(0, 100, 16); !bytes.Equal(got, data) {
+		t.Fatal("DSM without deallocate changed data")
+	}
+	trims := e.srv.m.Ops[target.OpTrim].Load()
+	if r, _, err := h.io[0].do(dsm(true), dsmOpts(104, 4)); err != nil || r.status() != StatusSuccess {
+		t.Fatalf("deallocate: %v %v", r.status(), err)
+	}
+	if e.srv.m.Ops[target.OpTrim].Load() != trims+1 {
+		t.Fatalf("trim counter %d -> %d", trims, e.srv.m.Ops[target.OpTrim].Load())
+	}
+	want := append([]byte(nil), data...)
+	clear(want[4*store.BlockSize : 8*store.BlockSize])
+	if got, _, _ := h.read(0, 100, 16); !bytes.Equal(got, want) {
+		t.Fatal("deallocated blocks do not read as zeros, or others changed")
+	}
+	// Write Zeroes of blocks 110-111, FUA.
+	wz := rw(IOWriteZeroes, 110, 2)
+	wz.CDW10_15[2] |= 1<<25 | 1<<30
+	if r, _, err := h.io[0].do(wz, cmdOpts{}); err != nil || r.status() != StatusSuccess {
+		t.Fatalf("write zeroes: %v %v", r.status(), err)
+	}
+	clear(want[10*store.BlockSize : 12*store.BlockSize])
+	if got, _, _ := h.read(0, 100, 16); !bytes.Equal(got, want) {
+		t.Fatal("Write Zeroes")
+	}
+	// Ranges out of the namespace are refused before anything is trimmed.
+	b := dsmOpts(0, 1)
+	copy(b.data[16:], b.data[:16])
+	b.data[16+4] = 8
+	b.data[16+8], b.data[16+9], b.data[16+10] = 0xff, 0xff, 0xff
+	f = dsm(true)
+	f.CDW10_15[0] = 1 // two ranges
+	if r, _, err := h.io[0].do(f, b); err != nil || r.status() != StatusLBARange|StatusDNR {
+		t.Fatalf("deallocate out of range: %v %v", r.status(), err)
+	}
+}

@@ -1,0 +1,407 @@
+package nvmf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rnic-dev/rnic/rnic"
+	"github.com/rnic-dev/rnic/target"
+)
+
+// queue is one NVMe/RDMA queue, admin (qid 0) or I/O: an RNIC QP in its
+// own protection domain with one CQ, a receive buffer per submission queue
+// entry (a command capsule: the command, plus in-capsule data on I/O
+// queues), and twice as many command slots. A slot holds one command from
+// its arrival until the Send of its completion has left: its copy of the
+// command, its data buffer and the STag that buffer is registered under
+// while data moves, and the 16-byte completion.
+//
+// One poller goroutine takes the queue's completions: it reads commands,
+// runs those that cannot block (and every command on a volume in memory)
+// itself, and starts a goroutine for the others; a Send completion frees
+// its slot. Data moves with RDMA Write (controller to host) and RDMA Read
+// (host to controller) against the host's key (transfer.go).
+type queue struct {
+	s      *Server
+	log    *slog.Logger
+	qid    uint16
+	size   int // submission queue entries: the receives posted
+	rxLen  int // bytes of one receive buffer
+	remote net.Addr
+	local  string // the address the host reached, "host:port"
+	info   *rnic.ConnInfo
+
+	pd     *rnic.PD
+	cq     *rnic.CQ
+	qp     *rnic.QP
+	rxBuf  []byte
+	rxMR   *rnic.MR
+	cqeBuf []byte // CompletionLen bytes per slot
+	cqeMR  *rnic.MR
+
+	slots []slot
+	free  []int32 // free slot indexes (poller only)
+	sqhd  atomic.Uint32
+
+	ctrl atomic.Pointer[controller]
+
+	ctx      context.Context // cancelled at teardown
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup // command goroutines
+	started  atomic.Bool    // the poller runs
+	pollDone chan struct{}
+	dead     chan struct{}
+	deadOnce sync.Once
+	endOnce  sync.Once
+	ended    chan struct{}
+}
+
+// Work request IDs: the kind in bits 32 and up, the slot index below.
+const (
+	wrCompletion = 1 << 32 // the completion's Send
+	wrRead       = 2 << 32 // an RDMA Read of the command's data
+	wrSlotMask   = 1<<32 - 1
+)
+
+// connectTimeout bounds the wait for a new queue's Connect command.
+const connectTimeout = 30 * time.Second
+
+// newQueue allocates a queue for a checked connection request, with its
+// receives posted (before the MPA Reply, so the Connect command that
+// follows it at once finds one: iWARP has no receiver-not-ready retry).
+func (s *Server) newQueue(r CMRequest, remote net.Addr) (*queue, error) {
+	q := &queue{s: s, qid: r.QID(), size: int(r.HSQSize()) + 1, remote: remote, rxLen: CommandLen,
+		pollDone: make(chan struct{}), dead: make(chan struct{}), ended: make(chan struct{})}
+	if q.qid != 0 {
+		q.rxLen += s.cfg.InCapsule
+	}
+	q.log = s.log.With("peer", remote.String(), "qid", q.qid)
+	q.ctx, q.cancel = context.WithCancel(context.Background())
+	nslots := 2 * q.size
+	// Per slot at most a Fast-Register, a Write or Read, an Invalidate and
+	// the completion's Send.
+	sqDepth := 4*nslots + 8
+	var err error
+	if q.pd, err = s.cfg.Device.AllocPD(); err != nil {
+		return nil, fmt.Errorf("nvmf: allocate PD: %w", err)
+	}
+	if q.cq, err = s.cfg.Device.CreateCQ(q.size+sqDepth+8, 0); err != nil {
+		q.release()
+		return nil, fmt.Errorf("nvmf: create CQ: %w", err)
+	}
+	// IRD 0: the host never reads controller memory (its RDMA Read Request
+	// would be refused with a Terminate). InboundWrite: RDMA Read Responses
+	// land through it.
+	q.qp, err = q.pd.CreateQP(rnic.QPConfig{SendCQ: q.cq, RecvCQ: q.cq, SQDepth: sqDepth, RQDepth: q.size,
+		MaxSendSGE: 1, MaxWriteSGE: 1, MaxRecvSGE: 1, IRD: 0, ORD: s.cfg.ORD, InboundWrite: true, Privileged: true})
+	if err != nil {
+		q.release()
+		return nil, fmt.Errorf("nvmf: create QP: %w", err)
+	}
+	q.rxBuf = make([]byte, q.size*q.rxLen)
+	if q.rxMR, err = q.pd.RegisterBytes(q.rxBuf, rnic.LocalWrite|rnic.LocalRead); err != nil {
+		q.release()
+		return nil, fmt.Errorf("nvmf: register receive buffers: %w", err)
+	}
+	q.cqeBuf = make([]byte, nslots*CompletionLen)
+	if q.cqeMR, err = q.pd.RegisterBytes(q.cqeBuf, rnic.LocalRead|rnic.LocalWrite); err != nil {
+		q.release()
+		return nil, fmt.Errorf("nvmf: register completion buffers: %w", err)
+	}
+	q.slots = make([]slot, nslots)
+	q.free = make([]int32, 0, nslots)
+	for i := nslots - 1; i >= 0; i-- {
+		sl := &q.slots[i]
+		sl.q, sl.idx, sl.rx = q, i, -1
+		if sl.mr, err = q.pd.AllocMRSTag(1, true); err != nil {
+			q.release()
+			return nil, fmt.Errorf("nvmf: allocate slot STag: %w", err)
+		}
+		sl.stag = sl.mr.STag()
+		q.free = append(q.free, int32(i))
+	}
+	for i := 0; i < q.size; i++ {
+		if err := q.postRecv(i); err != nil {
+			q.release()
+			return nil, err
+		}
+	}
+	return q, nil
+}
+
+// rx returns receive buffer i.
+func (q *queue) rx(i int) []byte { return q.rxBuf[i*q.rxLen : (i+1)*q.rxLen] }
+
+func (q *queue) postRecv(i int) error {
+	_, err := q.qp.PostRecv(rnic.RecvWR{ID: uint64(i), SGL: []rnic.SGE{{STag: q.rxMR.STag(), TO: uint64(i * q.rxLen),
+		Len: uint32(q.rxLen)}}})
+	if err != nil {
+		return fmt.Errorf("nvmf: post receive: %w", err)
+	}
+	return nil
+}
+
+// start runs the poller and drops the queue if no Connect arrives in time.
+func (q *queue) start() {
+	q.started.Store(true)
+	go q.poll()
+	go func() {
+		t := time.NewTimer(connectTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			if q.ctrl.Load() == nil {
+				q.log.Info("no Connect command: dropping the queue", "waited", connectTimeout)
+				q.end("no Connect")
+			}
+		case <-q.dead:
+		}
+	}()
+}
+
+func (q *queue) markDead() { q.deadOnce.Do(func() { close(q.dead) }) }
+
+func (q *queue) isDead() bool {
+	select {
+	case <-q.dead:
+		return true
+	default:
+		return false
+	}
+}
+
+// poll takes the queue's completions until it dies.
+func (q *queue) poll() {
+	defer close(q.pollDone)
+	var wcs [64]rnic.WC
+	for {
+		n, err := q.cq.Wait(q.ctx, wcs[:])
+		if err != nil {
+			return
+		}
+		// Completions posted while handling a batch leave together.
+		q.qp.Plug()
+		ok := q.handle(wcs[:n])
+		q.qp.Unplug()
+		if !ok {
+			return
+		}
+	}
+}
+
+// handle processes a batch of work completions; false: the queue is over.
+func (q *queue) handle(wcs []rnic.WC) bool {
+	for i := range wcs {
+		wc := &wcs[i]
+		if wc.Status != rnic.StatusSuccess {
+			reason := "connection lost"
+			if !q.isDead() && wc.Status != rnic.StatusFlushed {
+				reason = "work request failed: " + wc.Err().Error()
+				q.s.m.ProtocolErrors.Add(1)
+				q.log.Info("queue failed", "err", wc.Err())
+			}
+			go q.end(reason)
+			return false
+		}
+		switch {
+		case wc.Op == rnic.WRRecv:
+			if err := q.onCommand(int(wc.ID), int(wc.Bytes), wc); err != nil {
+				q.s.m.ProtocolErrors.Add(1)
+				q.log.Warn("protocol violation: ending the queue", "err", err)
+				go q.end("protocol violation")
+				return false
+			}
+		case wc.ID&^wrSlotMask == wrCompletion:
+			q.freeSlot(&q.slots[wc.ID&wrSlotMask])
+		case wc.ID&^wrSlotMask == wrRead:
+			q.readDone(&q.slots[wc.ID&wrSlotMask])
+		}
+	}
+	return true
+}
+
+// onCommand takes a command capsule from receive buffer i.
+func (q *queue) onCommand(i, n int, wc *rnic.WC) error {
+	if wc.HasInvalidated {
+		return fmt.Errorf("command capsule sent with Invalidate of STag %s", wc.Invalidated)
+	}
+	if n < CommandLen {
+		return fmt.Errorf("command capsule of %d bytes", n)
+	}
+	if len(q.free) == 0 {
+		return fmt.Errorf("more commands than submission queue entries (%d)", q.size)
+	}
+	sl := &q.slots[q.free[len(q.free)-1]]
+	q.free = q.free[:len(q.free)-1]
+	copy(sl.cmd[:], q.rx(i)[:CommandLen])
+	sl.rx, sl.inCapsule = i, n-CommandLen
+	sl.began = time.Now()
+	sl.data, sl.invalidate, sl.kind = Data{}, false, -1
+	q.sqhd.Store((q.sqhd.Load() + 1) % uint32(q.size))
+	if c := q.ctrl.Load(); c != nil {
+		c.touch()
+	}
+	q.dispatch(sl)
+	return nil
+}
+
+// dispatch routes a command: fabrics commands, then nothing else before
+// Connect, then the admin or the I/O command set.
+func (q *queue) dispatch(sl *slot) {
+	c := sl.command()
+	if c.Opcode() == OpcodeFabrics {
+		q.fabrics(sl, c)
+		return
+	}
+	ctrl := q.ctrl.Load()
+	if ctrl == nil {
+		q.complete(sl, 0, fail(StatusCmdSeqError, "opcode 0x%02x before Connect", c.Opcode()))
+		return
+	}
+	if q.qid == 0 {
+		ctrl.admin(q, sl, c)
+	} else {
+		ctrl.io(q, sl, c)
+	}
+}
+
+// freeSlot ends a slot's command once its completion has left.
+func (q *queue) freeSlot(sl *slot) {
+	q.s.bufs.put(sl.buf)
+	sl.buf, sl.then = nil, nil
+	q.free = append(q.free, int32(sl.idx))
+}
+
+// run executes fn for a command: in the poller if it cannot block (inline
+// is true, e.g. the volume is in memory), else in a goroutine of its own.
+func (q *queue) run(sl *slot, inline bool, fn func(*slot)) {
+	if inline {
+		fn(sl)
+		return
+	}
+	q.wg.Add(1)
+	go func() {
+		defer q.wg.Done()
+		fn(sl)
+	}()
+}
+
+// end tears the queue down: the connection is reset (if it still runs),
+// the engine is done with every buffer, the poller and the command
+// goroutines have returned; then everything is released and the
+// controller told. Safe to call more than once, from any goroutine but the
+// poller.
+func (q *queue) end(reason string) {
+	q.endOnce.Do(func() {
+		q.markDead()
+		if q.qp != nil {
+			if q.qp.State() == rnic.StateRTS {
+				q.qp.Modify(rnic.StateError, rnic.ModifyAttrs{})
+			}
+			waitStopped(q.qp)
+		}
+		q.cancel()
+		if q.started.Load() {
+			<-q.pollDone
+		}
+		q.wg.Wait()
+		q.release()
+		q.s.mu.Lock()
+		_, counted := q.s.queues[q]
+		delete(q.s.queues, q)
+		q.s.mu.Unlock()
+		if counted {
+			q.s.m.Queues.Add(-1)
+		}
+		if c := q.ctrl.Load(); c != nil {
+			c.queueGone(q, reason)
+		} else {
+			q.log.Debug("queue ended", "reason", reason)
+		}
+		close(q.ended)
+	})
+	<-q.ended
+}
+
+// waitStopped waits (up to a minute) until the QP is in Error or Idle:
+// then the engine no longer touches its buffers.
+func waitStopped(qp *rnic.QP) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	qp.WaitState(ctx, rnic.StateError, rnic.StateIdle)
+}
+
+// release frees the queue's resources.
+func (q *queue) release() {
+	var errs []error
+	for i := range q.slots {
+		sl := &q.slots[i]
+		q.s.bufs.put(sl.buf)
+		sl.buf = nil
+		if sl.mr != nil {
+			if err := sl.mr.Dealloc(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for _, mr := range []*rnic.MR{q.rxMR, q.cqeMR} {
+		if mr != nil {
+			if err := mr.Dealloc(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if q.qp != nil {
+		if err := q.qp.Destroy(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if q.cq != nil {
+		if err := q.cq.Destroy(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if q.pd != nil {
+		if err := q.pd.Dealloc(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		q.log.Warn("releasing queue resources", "err", err)
+	}
+}
+
+// slot is one command in progress (see queue).
+type slot struct {
+	q   *queue
+	idx int
+	cmd [CommandLen]byte
+	// rx is the receive buffer the command came in, held while its
+	// in-capsule data is in use (-1: re-posted).
+	rx        int
+	inCapsule int // capsule bytes after the command
+	data      Data
+	// invalidate: the completion is a Send with Invalidate of data.Key
+	// (the host's keyed SGL had subtype 0xF).
+	invalidate bool
+	began      time.Time
+	kind       target.OpKind // I/O command kind for the metrics; -1 for others
+
+	buf  []byte    // pooled data buffer
+	mr   *rnic.MR  // the slot's STag, registered over buf while data moves
+	stag rnic.STag // as last registered
+	then func(*slot)
+
+	pages [1][]byte
+	fr    rnic.FastReg
+	wrs   [4]rnic.SendWR
+	sges  [2]rnic.SGE
+}
+
+func (sl *slot) command() Command { return Command(sl.cmd[:]) }

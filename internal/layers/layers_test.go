@@ -40,6 +40,7 @@ var layers = []layer{
 	{pkg: "internal/perftest", rank: 50}, // an application of the engine
 	{pkg: "internal/endpoint", rank: 55}, // the message endpoint both ends of the block protocol share
 	{pkg: "target", rank: 60},
+	{pkg: "target/nvmf", rank: 65}, // the NVMe/RDMA front end: on target's volumes and lock tables
 	{pkg: "initiator", rank: 60},
 	{pkg: "internal/interop", rank: 60, testOnly: true}, // the engine against Linux siw: rping, perftest, linuxvm
 	{pkg: "cmd/internal/clix", rank: 60},

@@ -6,7 +6,8 @@
 // Every volume of the store is namespace 1 of its own NVM subsystem, NQN
 // "nqn.2026-11.dev.rnic:NAME" (subsystem.go); a discovery controller lists
 // the subsystems a host may reach (discovery.go). Queues are RNIC QPs on
-// this module's engine (rnic/). Where things happen:
+// this module's engine (rnic/), each on an internal/endpoint Endpoint, and
+// data buffers come from its budgeted Pool. Where things happen:
 //
 //	cm.go          the RDMA CM private data of a queue's connection: request, reply, reject
 //	listen.go      a connection request becomes a queue (receives posted before the MPA Reply)
@@ -24,7 +25,6 @@
 //	discovery.go   the discovery log page
 //	io.go          the NVM command set: where an NVMe command becomes a block request
 //	reservation.go reservations, on the volume's lock table shared with the native protocol
-//	buffers.go     data buffers, bounded
 //	status.go      NVMe status codes
 //
 // Access: a volume admits the host NQNs on its allow-list (Config.Hosts),

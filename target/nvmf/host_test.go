@@ -66,7 +66,7 @@ func newTestEnv(t testing.TB, o envOpts) *testEnv {
 		st = store.NewMemory()
 	}
 	for name, size := range o.volumes {
-		if _, err := st.CreateVolume(context.Background(), name, size, nil); err != nil {
+		if _, err := st.CreateVolume(context.Background(), name, size, store.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -127,8 +127,8 @@ func newTestEnv(t testing.TB, o envOpts) *testEnv {
 		e.l.Close()
 		<-done
 		<-done
-		if n := e.srv.bufs.used(); n != 0 {
-			t.Errorf("%d bytes of data buffers not given back", n)
+		if n := e.srv.bufsOut.Load(); n != 0 {
+			t.Errorf("%d data buffers not given back", n)
 		}
 		e.dev.Close()
 		st.Close()

@@ -36,7 +36,7 @@ func (s *Server) accept(req *rnic.ConnRequest) {
 	var rep [CMReplyLen]byte
 	CMReply(rep[:]).Encode(&CMReplyFields{RecFmt: CMRecFmt, CRQSize: uint16(q.size)})
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
-	info, err := req.Accept(ctx, q.qp, rnic.AcceptParams{PrivateData: rep[:], NoCRC: !s.cfg.CRC, ORD: s.cfg.ORD})
+	info, err := req.Accept(ctx, q.ep.QP, rnic.AcceptParams{PrivateData: rep[:], NoCRC: !s.cfg.CRC, ORD: s.cfg.ORD})
 	cancel()
 	if err != nil {
 		s.m.ConnectFailures.Add(1)
@@ -45,7 +45,7 @@ func (s *Server) accept(req *rnic.ConnRequest) {
 		return
 	}
 	q.info = info
-	if si := q.qp.Query().Stream; si != nil {
+	if si := q.ep.QP.Query().Stream; si != nil {
 		q.local = si.Local
 	}
 	s.mu.Lock()
@@ -58,7 +58,7 @@ func (s *Server) accept(req *rnic.ConnRequest) {
 	s.mu.Unlock()
 	s.m.Queues.Add(1)
 	q.log.Debug("queue accepted", "size", q.size, "hrqsize", r.HRQSize(), "mpa_rev", info.Rev, "crc", info.CRC,
-		"ord", q.qp.Query().ORD)
+		"ord", q.ep.QP.Query().ORD)
 	q.start()
 }
 

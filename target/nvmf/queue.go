@@ -2,7 +2,6 @@ package nvmf
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -10,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rnic-dev/rnic/internal/endpoint"
 	"github.com/rnic-dev/rnic/rnic"
 	"github.com/rnic-dev/rnic/target"
 )
@@ -37,13 +37,7 @@ type queue struct {
 	local  string // the address the host reached, "host:port"
 	info   *rnic.ConnInfo
 
-	pd     *rnic.PD
-	cq     *rnic.CQ
-	qp     *rnic.QP
-	rxBuf  []byte
-	rxMR   *rnic.MR
-	cqeBuf []byte // CompletionLen bytes per slot
-	cqeMR  *rnic.MR
+	ep *endpoint.Endpoint // QP, CQ, receive buffers, a completion area per slot, the loop
 
 	slots []slot
 	free  []int32 // free slot indexes (poller only)
@@ -51,11 +45,8 @@ type queue struct {
 
 	ctrl atomic.Pointer[controller]
 
-	ctx      context.Context // cancelled at teardown
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup // command goroutines
-	started  atomic.Bool    // the poller runs
-	pollDone chan struct{}
+	ctx      context.Context // the endpoint's: ends at teardown
+	wg       sync.WaitGroup  // command goroutines
 	dead     chan struct{}
 	deadOnce sync.Once
 	endOnce  sync.Once
@@ -77,80 +68,46 @@ const connectTimeout = 30 * time.Second
 // follows it at once finds one: iWARP has no receiver-not-ready retry).
 func (s *Server) newQueue(r CMRequest, remote net.Addr) (*queue, error) {
 	q := &queue{s: s, qid: r.QID(), size: int(r.HSQSize()) + 1, remote: remote, rxLen: CommandLen,
-		pollDone: make(chan struct{}), dead: make(chan struct{}), ended: make(chan struct{})}
+		dead: make(chan struct{}), ended: make(chan struct{})}
 	if q.qid != 0 {
 		q.rxLen += s.cfg.InCapsule
 	}
 	q.log = s.log.With("peer", remote.String(), "qid", q.qid)
-	q.ctx, q.cancel = context.WithCancel(context.Background())
 	nslots := 2 * q.size
 	// Per slot at most a Fast-Register, a Write or Read, an Invalidate and
-	// the completion's Send.
-	sqDepth := 4*nslots + 8
+	// the completion's Send. IRD 0: the host never reads controller
+	// memory (its RDMA Read Request would be refused with a Terminate).
+	// InboundWrite: RDMA Read Responses land through it.
 	var err error
-	if q.pd, err = s.cfg.Device.AllocPD(); err != nil {
-		return nil, fmt.Errorf("nvmf: allocate PD: %w", err)
-	}
-	if q.cq, err = s.cfg.Device.CreateCQ(q.size+sqDepth+8, 0); err != nil {
-		q.release()
-		return nil, fmt.Errorf("nvmf: create CQ: %w", err)
-	}
-	// IRD 0: the host never reads controller memory (its RDMA Read Request
-	// would be refused with a Terminate). InboundWrite: RDMA Read Responses
-	// land through it.
-	q.qp, err = q.pd.CreateQP(rnic.QPConfig{SendCQ: q.cq, RecvCQ: q.cq, SQDepth: sqDepth, RQDepth: q.size,
-		MaxSendSGE: 1, MaxWriteSGE: 1, MaxRecvSGE: 1, IRD: 0, ORD: s.cfg.ORD, InboundWrite: true, Privileged: true})
+	q.ep, err = endpoint.New(endpoint.Config{Device: s.cfg.Device, Receives: q.size, RecvSize: q.rxLen,
+		SendAreas: nslots, SendSize: CompletionLen,
+		QP: rnic.QPConfig{SQDepth: 4*nslots + 8, MaxSendSGE: 1, MaxWriteSGE: 1, IRD: 0, ORD: s.cfg.ORD,
+			InboundWrite: true, Privileged: true}})
 	if err != nil {
-		q.release()
-		return nil, fmt.Errorf("nvmf: create QP: %w", err)
+		return nil, fmt.Errorf("nvmf: queue: %w", err)
 	}
-	q.rxBuf = make([]byte, q.size*q.rxLen)
-	if q.rxMR, err = q.pd.RegisterBytes(q.rxBuf, rnic.LocalWrite|rnic.LocalRead); err != nil {
-		q.release()
-		return nil, fmt.Errorf("nvmf: register receive buffers: %w", err)
-	}
-	q.cqeBuf = make([]byte, nslots*CompletionLen)
-	if q.cqeMR, err = q.pd.RegisterBytes(q.cqeBuf, rnic.LocalRead|rnic.LocalWrite); err != nil {
-		q.release()
-		return nil, fmt.Errorf("nvmf: register completion buffers: %w", err)
-	}
+	q.ctx = q.ep.Context()
 	q.slots = make([]slot, nslots)
 	q.free = make([]int32, 0, nslots)
 	for i := nslots - 1; i >= 0; i-- {
 		sl := &q.slots[i]
 		sl.q, sl.idx, sl.rx = q, i, -1
-		if sl.mr, err = q.pd.AllocMRSTag(1, true); err != nil {
-			q.release()
+		if sl.mr, err = q.ep.AllocSTag(true); err != nil {
+			q.ep.Close(nil)
 			return nil, fmt.Errorf("nvmf: allocate slot STag: %w", err)
 		}
 		sl.stag = sl.mr.STag()
 		q.free = append(q.free, int32(i))
 	}
-	for i := 0; i < q.size; i++ {
-		if err := q.postRecv(i); err != nil {
-			q.release()
-			return nil, err
-		}
-	}
 	return q, nil
 }
 
 // rx returns receive buffer i.
-func (q *queue) rx(i int) []byte { return q.rxBuf[i*q.rxLen : (i+1)*q.rxLen] }
-
-func (q *queue) postRecv(i int) error {
-	_, err := q.qp.PostRecv(rnic.RecvWR{ID: uint64(i), SGL: []rnic.SGE{{STag: q.rxMR.STag(), TO: uint64(i * q.rxLen),
-		Len: uint32(q.rxLen)}}})
-	if err != nil {
-		return fmt.Errorf("nvmf: post receive: %w", err)
-	}
-	return nil
-}
+func (q *queue) rx(i int) []byte { return q.ep.Recv(i) }
 
 // start runs the poller and drops the queue if no Connect arrives in time.
 func (q *queue) start() {
-	q.started.Store(true)
-	go q.poll()
+	q.ep.Start(q.handle)
 	go func() {
 		t := time.NewTimer(connectTimeout)
 		defer t.Stop()
@@ -176,26 +133,8 @@ func (q *queue) isDead() bool {
 	}
 }
 
-// poll takes the queue's completions until it dies.
-func (q *queue) poll() {
-	defer close(q.pollDone)
-	var wcs [64]rnic.WC
-	for {
-		n, err := q.cq.Wait(q.ctx, wcs[:])
-		if err != nil {
-			return
-		}
-		// Completions posted while handling a batch leave together.
-		q.qp.Plug()
-		ok := q.handle(wcs[:n])
-		q.qp.Unplug()
-		if !ok {
-			return
-		}
-	}
-}
-
-// handle processes a batch of work completions; false: the queue is over.
+// handle processes a batch of work completions (the endpoint's loop, the
+// poller); false: the queue is over.
 func (q *queue) handle(wcs []rnic.WC) bool {
 	for i := range wcs {
 		wc := &wcs[i]
@@ -273,7 +212,7 @@ func (q *queue) dispatch(sl *slot) {
 
 // freeSlot ends a slot's command once its completion has left.
 func (q *queue) freeSlot(sl *slot) {
-	q.s.bufs.put(sl.buf)
+	q.s.putBuf(sl.buf)
 	sl.buf, sl.then = nil, nil
 	q.free = append(q.free, int32(sl.idx))
 }
@@ -300,18 +239,16 @@ func (q *queue) run(sl *slot, inline bool, fn func(*slot)) {
 func (q *queue) end(reason string) {
 	q.endOnce.Do(func() {
 		q.markDead()
-		if q.qp != nil {
-			if q.qp.State() == rnic.StateRTS {
-				q.qp.Modify(rnic.StateError, rnic.ModifyAttrs{})
+		err := q.ep.Close(func() {
+			q.wg.Wait()
+			for i := range q.slots {
+				q.s.putBuf(q.slots[i].buf)
+				q.slots[i].buf = nil
 			}
-			waitStopped(q.qp)
+		})
+		if err != nil {
+			q.log.Warn("releasing queue resources", "err", err)
 		}
-		q.cancel()
-		if q.started.Load() {
-			<-q.pollDone
-		}
-		q.wg.Wait()
-		q.release()
 		q.s.mu.Lock()
 		_, counted := q.s.queues[q]
 		delete(q.s.queues, q)
@@ -327,54 +264,6 @@ func (q *queue) end(reason string) {
 		close(q.ended)
 	})
 	<-q.ended
-}
-
-// waitStopped waits (up to a minute) until the QP is in Error or Idle:
-// then the engine no longer touches its buffers.
-func waitStopped(qp *rnic.QP) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	qp.WaitState(ctx, rnic.StateError, rnic.StateIdle)
-}
-
-// release frees the queue's resources.
-func (q *queue) release() {
-	var errs []error
-	for i := range q.slots {
-		sl := &q.slots[i]
-		q.s.bufs.put(sl.buf)
-		sl.buf = nil
-		if sl.mr != nil {
-			if err := sl.mr.Dealloc(); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	for _, mr := range []*rnic.MR{q.rxMR, q.cqeMR} {
-		if mr != nil {
-			if err := mr.Dealloc(); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	if q.qp != nil {
-		if err := q.qp.Destroy(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if q.cq != nil {
-		if err := q.cq.Destroy(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if q.pd != nil {
-		if err := q.pd.Dealloc(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		q.log.Warn("releasing queue resources", "err", err)
-	}
 }
 
 // slot is one command in progress (see queue).

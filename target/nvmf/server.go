@@ -8,8 +8,10 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/rnic-dev/rnic/internal/endpoint"
 	"github.com/rnic-dev/rnic/rnic"
 	"github.com/rnic-dev/rnic/store"
 	"github.com/rnic-dev/rnic/target"
@@ -126,7 +128,9 @@ type Server struct {
 	cfg  Config
 	log  *slog.Logger
 	m    *Metrics
-	bufs *buffers
+	bufs *endpoint.Pool
+	// bufsOut counts the data buffers taken from bufs and not given back.
+	bufsOut atomic.Int64
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -146,7 +150,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	return &Server{cfg: cfg, log: cfg.Logger.With("frontend", "nvmf"), m: cfg.Metrics,
-		bufs: newBuffers(cfg.BufferBytes), stop: make(chan struct{}),
+		bufs: endpoint.NewPool(store.BlockSize, 1<<20, cfg.BufferBytes), stop: make(chan struct{}),
 		ctrls: make(map[uint16]*controller), queues: make(map[*queue]struct{})}, nil
 }
 
@@ -313,4 +317,31 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	wg.Wait()
 	s.accepted.Wait()
 	return errors.Join(errs...)
+}
+
+// getBuf, tryGetBuf and putBuf take and give back data buffers of n bytes
+// (at most 1 MiB), counted in bufsOut.
+func (s *Server) getBuf(ctx context.Context, n int) ([]byte, error) {
+	b, err := s.bufs.Get(ctx, n)
+	if err != nil {
+		return nil, fmt.Errorf("nvmf: data buffer: %w", err)
+	}
+	s.bufsOut.Add(1)
+	return b[:n], nil
+}
+
+func (s *Server) tryGetBuf(n int) []byte {
+	b := s.bufs.TryGet(n)
+	if b == nil {
+		return nil
+	}
+	s.bufsOut.Add(1)
+	return b[:n]
+}
+
+func (s *Server) putBuf(b []byte) {
+	if b != nil {
+		s.bufsOut.Add(-1)
+		s.bufs.Put(b)
+	}
 }

@@ -45,7 +45,7 @@ func (q *queue) repost(sl *slot) {
 	}
 	i := sl.rx
 	sl.rx = -1
-	if err := q.postRecv(i); err != nil && !q.isDead() {
+	if err := q.ep.Repost(i); err != nil && !q.isDead() {
 		q.log.Debug("re-posting a receive", "err", err)
 	}
 }
@@ -138,10 +138,9 @@ func (q *queue) complete(sl *slot, result uint64, err error) {
 
 // completionWR encodes the slot's completion and returns its Send.
 func (q *queue) completionWR(sl *slot, result uint64, st Status) rnic.SendWR {
-	off := sl.idx * CompletionLen
-	Completion(q.cqeBuf[off : off+CompletionLen]).Encode(&CompletionFields{Result: result,
+	Completion(q.ep.Area(sl.idx)).Encode(&CompletionFields{Result: result,
 		SQHead: uint16(q.sqhd.Load()), SQID: q.qid, CID: sl.command().CID(), Status: st})
-	sl.sges[1] = rnic.SGE{STag: q.cqeMR.STag(), TO: uint64(off), Len: CompletionLen}
+	sl.sges[1] = q.ep.AreaSGE(sl.idx, CompletionLen)
 	wr := rnic.SendWR{ID: wrCompletion | uint64(sl.idx), Op: rnic.WRSend, SGL: sl.sges[1:2]}
 	if sl.invalidate {
 		wr.Op, wr.InvalidateSTag = rnic.WRSendInv, rnic.STag(sl.data.Key)
@@ -162,7 +161,7 @@ func (q *queue) count(sl *slot, st Status) {
 // post posts work requests; on a dead queue they are dropped (teardown
 // gives every buffer back).
 func (q *queue) post(wrs []rnic.SendWR) {
-	if _, err := q.qp.PostSend(wrs...); err != nil && !q.isDead() {
+	if _, err := q.ep.QP.PostSend(wrs...); err != nil && !q.isDead() {
 		q.log.Info("posting to the send queue failed: ending the queue", "err", err)
 		go q.end("post failed")
 	}
@@ -177,13 +176,13 @@ func (q *queue) withBuffer(sl *slot, n int, inline bool, fn func(*slot)) {
 		q.run(sl, inline, fn)
 		return
 	}
-	if b := q.s.bufs.tryGet(n); b != nil {
+	if b := q.s.tryGetBuf(n); b != nil {
 		sl.buf = b
 		q.run(sl, inline, fn)
 		return
 	}
 	q.run(sl, false, func(sl *slot) {
-		b, err := q.s.bufs.get(q.ctx, n)
+		b, err := q.s.getBuf(q.ctx, n)
 		if err != nil {
 			return // teardown
 		}

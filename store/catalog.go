@@ -198,7 +198,7 @@ func (s *volumeStore) openVolume(ctx context.Context, name string) (Volume, erro
 		s.release(v)
 		return nil, err
 	}
-	return v, nil
+	return exported(v), nil
 }
 
 // release forgets a closed handle.

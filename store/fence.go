@@ -25,3 +25,27 @@ type Fencer interface {
 	// DurableID has lost no acknowledged write.
 	DurableID() uint64
 }
+
+// devFencer is implemented by the block devices of a backend whose
+// volumes are Fencers; the handles of such volumes are fencedVolumes.
+type devFencer interface {
+	fencingEpoch() uint64
+	durableID() uint64
+}
+
+// fencedVolume is the handle of a volume whose device is a devFencer.
+type fencedVolume struct{ *volume }
+
+var _ Fencer = fencedVolume{}
+
+func (v fencedVolume) FencingEpoch() uint64 { return v.dev.(devFencer).fencingEpoch() }
+func (v fencedVolume) DurableID() uint64    { return v.dev.(devFencer).durableID() }
+
+// exported is the Volume a Store hands out for handle v: a Fencer when
+// its device is one, so callers find the ability by type assertion.
+func exported(v *volume) Volume {
+	if _, ok := v.dev.(devFencer); ok {
+		return fencedVolume{v}
+	}
+	return v
+}

@@ -202,3 +202,9 @@ func (p *Pool) RemoveNamespace() error {
 }
 
 func (p *Pool) where(image string) string { return p.spec + "/" + image }
+
+// FSID is the cluster's fsid.
+func (c *Conn) FSID() (string, error) {
+	id, err := c.conn.GetFSID()
+	return id, wrap("fsid", "", err)
+}

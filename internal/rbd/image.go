@@ -112,12 +112,31 @@ type Extent struct {
 // ranges never reported read as zeros (parent data of a clone counts as
 // allocated). It uses the object map when the image has one.
 func (im *Image) Allocated(off, n uint64, fn func(Extent) error) error {
+	return im.diff("", off, n, rbd.IncludeParent, rbd.DisableWholeObject, fn)
+}
+
+// Diff calls fn with the extents of [off, off+n) that changed between
+// snapshot from ("" = the image's creation) and what the image shows (its
+// head, or the snapshot it was opened at), in order, the parent of a clone
+// excluded. wholeObject reports whole objects from the object map (fast,
+// RBD's "du" granularity); otherwise the extents are exact.
+func (im *Image) Diff(from string, off, n uint64, wholeObject bool, fn func(Extent) error) error {
+	whole := rbd.DisableWholeObject
+	if wholeObject {
+		whole = rbd.EnableWholeObject
+	}
+	return im.diff(from, off, n, rbd.ExcludeParent, whole, fn)
+}
+
+func (im *Image) diff(from string, off, n uint64, parent rbd.DiffIncludeParent, whole rbd.DiffWholeObject,
+	fn func(Extent) error) error {
 	var ferr error
 	err := im.img.DiffIterate(rbd.DiffIterateConfig{
+		SnapName:      from,
 		Offset:        off,
 		Length:        n,
-		IncludeParent: rbd.IncludeParent,
-		WholeObject:   rbd.DisableWholeObject,
+		IncludeParent: parent,
+		WholeObject:   whole,
 		Callback: func(o, l uint64, exists int, _ interface{}) int {
 			if ferr = fn(Extent{Offset: o, Length: l, Exists: exists != 0}); ferr != nil {
 				return -1

@@ -28,6 +28,13 @@ const (
 	rbdPrefix   = "rtarget.meta." // + a Meta key
 )
 
+// DefaultRBDTimeout is RBDOptions.Timeout's default: each cluster
+// operation then has 30 s, above osd_heartbeat_grace +
+// osd_heartbeat_interval (26 s by default), as tcmu-runner's rbd handler
+// sets it, so that I/O waiting while the cluster marks a dead OSD down
+// does not fail.
+const DefaultRBDTimeout = 60 * time.Second
+
 // RBDOptions configure OpenRBD.
 type RBDOptions struct {
 	ConfFile string // ceph.conf ("" = librados' default search)
@@ -35,8 +42,13 @@ type RBDOptions struct {
 	// Pool is "POOL" or "POOL/NAMESPACE": the store. The pool must exist
 	// and be initialised for RBD; a missing namespace is created.
 	Pool string
-	// Timeout bounds every cluster operation (0: rbd.DefaultTimeout): a
-	// full or unreachable cluster fails I/O with an error after it.
+	// Timeout bounds a block request (0: DefaultRBDTimeout): a full or
+	// unreachable cluster fails it with an error within Timeout instead of
+	// hanging. A write is two cluster operations in a row (the object-map
+	// update, then the data), so each operation is given Timeout/2
+	// (rados_osd_op_timeout). The first write to an object of a clone
+	// reads the parent's first: with every OSD unreachable it may take
+	// 3/2 Timeout.
 	Timeout time.Duration
 	// CephOptions are extra librados/librbd options.
 	CephOptions map[string]string
@@ -54,7 +66,10 @@ func OpenRBD(ctx context.Context, o RBDOptions) (Store, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	cfg := rbd.Config{ConfFile: o.ConfFile, ID: o.ID, Timeout: o.Timeout, Options: o.CephOptions}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultRBDTimeout
+	}
+	cfg := rbd.Config{ConfFile: o.ConfFile, ID: o.ID, Timeout: o.Timeout / 2, Options: o.CephOptions}
 	conn, err := rbd.Connect(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("store: rbd: %w", err)

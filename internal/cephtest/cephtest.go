@@ -144,8 +144,21 @@ func Namespace(t testing.TB, conf string, conn *rbd.Conn) string {
 }
 
 // Purge removes every image of the pool (namespace) with its snapshots,
-// clones before their parents.
+// clones before their parents. An image still watched (its client died
+// without closing it, or closed it while the cluster refused writes) is
+// retried until the watch expires (osd_client_watch_timeout, 30 s).
 func Purge(p *rbd.Pool) error {
+	deadline := time.Now().Add(45 * time.Second)
+	for round := 0; ; round++ {
+		err := purgeOnce(p)
+		if err == nil || !errors.Is(err, rbd.ErrBusy) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func purgeOnce(p *rbd.Pool) error {
 	for range 10 {
 		names, err := p.List()
 		if err != nil {

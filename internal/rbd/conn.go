@@ -16,7 +16,9 @@ import (
 // DefaultTimeout bounds every operation on the cluster when Config.Timeout
 // is 0. It is above osd_heartbeat_grace + osd_heartbeat_interval (26 s by
 // default), as tcmu-runner's rbd handler sets it, so a cluster that is only
-// marking a dead OSD down does not fail I/O that would have completed.
+// marking a dead OSD down does not fail I/O that would have completed. One
+// librbd request may be several operations in a row (an object-map update,
+// then the write).
 const DefaultTimeout = 30 * time.Second
 
 // Config says how to reach a cluster.
@@ -39,7 +41,9 @@ type Conn struct {
 // settings are the librbd/librados options every connection gets; see the
 // package documentation for why.
 func settings(timeout time.Duration) map[string]string {
-	secs := strconv.Itoa(int((timeout + time.Second - 1) / time.Second))
+	// Whole seconds (the options' unit), rounded down so that a request of
+	// a few operations stays within its caller's bound; at least 1.
+	secs := strconv.Itoa(max(1, int(timeout/time.Second)))
 	return map[string]string{
 		// An acknowledged write is on every replica, and rbd_flush has
 		// nothing of ours to write back.

@@ -55,13 +55,10 @@ func (im *Image) checkOwner() error {
 
 // TakeOverLock takes the exclusive lock, breaking another owner's lock
 // first if there is one. Breaking blocklists the old owner: it can no
-// longer write (ErrFenced). It returns the owners it broke.
+// longer write (ErrFenced). It returns the owners it broke. An owner is
+// broken without asking it first: it may be dead (kill -9) with its watch
+// still registered, and asking would wait for librbd's request timeout.
 func (im *Image) TakeOverLock() (broken []string, err error) {
-	if err := im.AcquireLock(); err == nil {
-		return nil, nil
-	} else if !errors.Is(err, ErrLockLost) && !errors.Is(err, ErrBusy) {
-		return nil, err
-	}
 	// A few rounds: the owner may change between the look and the break
 	// (a third gateway taking over at the same moment).
 	for range 3 {

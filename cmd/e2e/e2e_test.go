@@ -549,7 +549,7 @@ func TestVolumeImportExport(t *testing.T) {
 		t.Errorf("import: %s", res)
 	}
 	list := run(t, time.Minute, rt, "volume", "list", "--data", data)
-	if !strings.Contains(list, "img") || !strings.Contains(list, "40M") {
+	if !strings.Contains(list, "img") || !strings.Contains(list, "40M") || !strings.Contains(list, "nqn.2026-11.dev.rnic:img") {
 		t.Errorf("list:\n%s", list)
 	}
 	run(t, 2*time.Minute, rt, "volume", "export", "--data", data, "img", out)

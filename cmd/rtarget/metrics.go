@@ -8,11 +8,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/rnic-dev/rnic/cmd/internal/clix"
 	"github.com/rnic-dev/rnic/store"
 	"github.com/rnic-dev/rnic/target"
+	"github.com/rnic-dev/rnic/target/nvmf"
 )
 
 // serveMetrics serves h over HTTP on ln until stop is called. A server that
@@ -34,7 +36,7 @@ func serveMetrics(ln net.Listener, h http.Handler, log *slog.Logger) (stop func(
 
 // metricsHandler serves /metrics (Prometheus text exposition format 0.0.4)
 // and /healthz.
-func metricsHandler(t *target.Target, st store.Store, log *slog.Logger) http.Handler {
+func metricsHandler(t *target.Target, nsrv *nvmf.Server, st store.Store, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
@@ -49,6 +51,9 @@ func metricsHandler(t *target.Target, st store.Store, log *slog.Logger) http.Han
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		bw := bufio.NewWriter(w)
 		writeMetrics(bw, t.Metrics())
+		if nsrv != nil {
+			writeNVMFMetrics(bw, nsrv.Metrics())
+		}
 		if sy, ok := st.(store.Syncer); ok {
 			fmt.Fprintf(bw, "# HELP rtarget_store_syncs_total Syncs of the store to stable storage (flush, FUA).\n"+
 				"# TYPE rtarget_store_syncs_total counter\nrtarget_store_syncs_total %d\n", sy.Syncs())
@@ -80,25 +85,52 @@ func writeMetrics(w *bufio.Writer, m *target.Metrics) {
 	counter("rtarget_read_lease_expired_total", "READ buffers revoked without RELEASE.", m.LeaseExpired.Load())
 	counter("rtarget_locks_cleared_total", "Locks and reservations cleared at session end.", m.LocksCleared.Load())
 	counter("rtarget_volumes_fenced_total", "Volumes another target took over (their sessions here ended).", m.Fenced.Load())
-	fmt.Fprintf(w, "# HELP rtarget_ops_total Commands completed.\n# TYPE rtarget_ops_total counter\n")
+	writeOps(w, "rtarget", "Commands", &m.Ops, &m.Errors, &m.Latency)
+}
+
+// writeOps writes the per-operation counters and latency histograms under
+// prefix (rtarget for the native protocol, rtarget_nvmf for NVMe/RDMA).
+func writeOps(w *bufio.Writer, prefix, what string, ops, errs *[target.NumOps]atomic.Uint64, lat *[target.NumOps]target.Histogram) {
+	fmt.Fprintf(w, "# HELP %s_ops_total %s completed.\n# TYPE %s_ops_total counter\n", prefix, what, prefix)
 	for k := target.OpKind(0); k < target.NumOps; k++ {
-		fmt.Fprintf(w, "rtarget_ops_total{op=%q} %d\n", k.String(), m.Ops[k].Load())
+		fmt.Fprintf(w, "%s_ops_total{op=%q} %d\n", prefix, k.String(), ops[k].Load())
 	}
-	fmt.Fprintf(w, "# HELP rtarget_op_errors_total Commands answered with an error status.\n# TYPE rtarget_op_errors_total counter\n")
+	fmt.Fprintf(w, "# HELP %s_op_errors_total %s answered with an error status.\n# TYPE %s_op_errors_total counter\n", prefix, what, prefix)
 	for k := target.OpKind(0); k < target.NumOps; k++ {
-		fmt.Fprintf(w, "rtarget_op_errors_total{op=%q} %d\n", k.String(), m.Errors[k].Load())
+		fmt.Fprintf(w, "%s_op_errors_total{op=%q} %d\n", prefix, k.String(), errs[k].Load())
 	}
-	fmt.Fprintf(w, "# HELP rtarget_op_seconds Command latency, arrival to answer.\n# TYPE rtarget_op_seconds histogram\n")
+	fmt.Fprintf(w, "# HELP %s_op_seconds %s latency, arrival to answer.\n# TYPE %s_op_seconds histogram\n", prefix, what, prefix)
 	for k := target.OpKind(0); k < target.NumOps; k++ {
-		h := &m.Latency[k]
+		h := &lat[k]
 		var cum uint64
 		for i, b := range target.LatencyBuckets {
 			cum += h.Buckets[i].Load()
-			fmt.Fprintf(w, "rtarget_op_seconds_bucket{op=%q,le=\"%g\"} %d\n", k.String(), b.Seconds(), cum)
+			fmt.Fprintf(w, "%s_op_seconds_bucket{op=%q,le=\"%g\"} %d\n", prefix, k.String(), b.Seconds(), cum)
 		}
 		cum += h.Buckets[len(target.LatencyBuckets)].Load()
-		fmt.Fprintf(w, "rtarget_op_seconds_bucket{op=%q,le=\"+Inf\"} %d\n", k.String(), cum)
-		fmt.Fprintf(w, "rtarget_op_seconds_sum{op=%q} %g\n", k.String(), float64(h.SumNs.Load())/1e9)
-		fmt.Fprintf(w, "rtarget_op_seconds_count{op=%q} %d\n", k.String(), h.Count.Load())
+		fmt.Fprintf(w, "%s_op_seconds_bucket{op=%q,le=\"+Inf\"} %d\n", prefix, k.String(), cum)
+		fmt.Fprintf(w, "%s_op_seconds_sum{op=%q} %g\n", prefix, k.String(), float64(h.SumNs.Load())/1e9)
+		fmt.Fprintf(w, "%s_op_seconds_count{op=%q} %d\n", prefix, k.String(), h.Count.Load())
 	}
+}
+
+// writeNVMFMetrics writes the NVMe/RDMA front end's counters.
+func writeNVMFMetrics(w *bufio.Writer, m *nvmf.Metrics) {
+	gauge := func(name, help string, v int64) {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n%s %d\n", name, help, name, name, v)
+	}
+	counter := func(name, help string, v uint64) {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", name, help, name, name, v)
+	}
+	gauge("rtarget_nvmf_controllers", "NVMe/RDMA controllers now (discovery ones included).", m.Controllers.Load())
+	counter("rtarget_nvmf_controllers_total", "NVMe/RDMA controllers created.", m.ControllersTotal.Load())
+	gauge("rtarget_nvmf_queues", "NVMe/RDMA queues connected now.", m.Queues.Load())
+	counter("rtarget_nvmf_connect_failures_total", "NVMe/RDMA connections and Connect commands refused.", m.ConnectFailures.Load())
+	counter("rtarget_nvmf_protocol_errors_total", "NVMe/RDMA queues ended for a transport or protocol error.", m.ProtocolErrors.Load())
+	counter("rtarget_nvmf_keep_alive_expired_total", "NVMe/RDMA controllers dropped for a silent host.", m.KeepAliveExpired.Load())
+	counter("rtarget_nvmf_read_bytes_total", "Bytes read by NVMe/RDMA hosts.", m.BytesRead.Load())
+	counter("rtarget_nvmf_written_bytes_total", "Bytes written by NVMe/RDMA hosts.", m.BytesWrit.Load())
+	counter("rtarget_nvmf_reservation_conflicts_total", "NVMe/RDMA commands refused for a reservation.", m.ReservationConflicts.Load())
+	counter("rtarget_nvmf_in_capsule_writes_total", "NVMe/RDMA writes whose data came in the command capsule.", m.InCapsuleWrites.Load())
+	writeOps(w, "rtarget_nvmf", "NVMe/RDMA I/O commands", &m.Ops, &m.Errors, &m.Latency)
 }

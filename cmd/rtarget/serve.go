@@ -34,6 +34,7 @@ func serveCommand() *cli.Command {
 		&cli.DurationFlag{Name: "drain-timeout", Value: 30 * time.Second, Usage: "on SIGTERM, how long to wait for requests in flight",
 			EnvVars: []string{"RTARGET_DRAIN_TIMEOUT"}},
 	}
+	flags = append(flags, nvmfFlags()...)
 	flags = append(flags, storeFlags()...)
 	flags = append(flags, clix.LogFlags("RTARGET_")...)
 	flags = append(flags, clix.ProfileFlag("RTARGET_"), clix.CPUsFlag("RTARGET_"))
@@ -230,12 +231,16 @@ func runServe(c *cli.Context, given []string) error {
 	if err != nil {
 		return err
 	}
+	nsrv, native, err := startNVMF(ctx, c, dev, t, st, l, log)
+	if err != nil {
+		return err
+	}
 	if ma := c.String("metrics-listen"); ma != "" {
 		ln, err := net.Listen("tcp", ma)
 		if err != nil {
 			return fmt.Errorf("--metrics-listen: %w", err)
 		}
-		stop, _ := serveMetrics(ln, metricsHandler(t, st, log), log)
+		stop, _ := serveMetrics(ln, metricsHandler(t, nsrv, st, log), log)
 		defer stop()
 		log.Info("metrics", "addr", ln.Addr().String())
 	}
@@ -243,7 +248,7 @@ func runServe(c *cli.Context, given []string) error {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 	served := make(chan error, 1)
-	go func() { served <- t.Serve(ctx, l) }()
+	go func() { served <- t.Serve(ctx, native) }()
 	vols, _ := st.ListVolumes(ctx)
 	names := make([]string, 0, len(vols))
 	for _, v := range vols {
@@ -264,7 +269,11 @@ func runServe(c *cli.Context, given []string) error {
 			}
 			log.Info("draining", "signal", sig.String(), "timeout", c.Duration("drain-timeout"))
 			dctx, cancel := context.WithTimeout(context.Background(), c.Duration("drain-timeout"))
-			err := t.Shutdown(dctx)
+			var err error
+			if nsrv != nil {
+				err = nsrv.Shutdown(dctx)
+			}
+			err = errors.Join(err, t.Shutdown(dctx))
 			cancel()
 			l.Close()
 			if err != nil {

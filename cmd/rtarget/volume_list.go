@@ -11,6 +11,7 @@ import (
 
 	"github.com/rnic-dev/rnic/cmd/internal/clix"
 	"github.com/rnic-dev/rnic/store"
+	"github.com/rnic-dev/rnic/target/nvmf"
 )
 
 // listedVolume is one volume of rtarget volume list --json. Fields may be
@@ -27,6 +28,9 @@ type listedVolume struct {
 	RawPath   string            `json:"raw_path,omitempty"`
 	Meta      map[string]string `json:"meta,omitempty"`
 	Snapshots []listedSnapshot  `json:"snapshots"`
+	// NQN is the NVMe/RDMA subsystem NQN rtarget serve --nvmf-listen
+	// gives the volume ("" for a name too long to make one).
+	NQN string `json:"nqn,omitempty"`
 }
 
 type listedSnapshot struct {
@@ -39,7 +43,8 @@ type listedSnapshot struct {
 
 func listed(v store.VolumeInfo) listedVolume {
 	lv := listedVolume{Name: v.Name, ID: v.ID, Kind: v.Kind, Size: v.Size, Allocated: v.Allocated, Exclusive: v.Exclusive,
-		Created: v.Created, Origin: v.Origin, RawPath: v.RawPath, Meta: v.Meta, Snapshots: []listedSnapshot{}}
+		Created: v.Created, Origin: v.Origin, RawPath: v.RawPath, Meta: v.Meta, Snapshots: []listedSnapshot{},
+		NQN: nvmf.SubsystemNQN("", v.Name)}
 	for _, s := range v.Snapshots {
 		lv.Snapshots = append(lv.Snapshots, listedSnapshot{Name: s.Name, Size: s.Size, Exclusive: s.Exclusive,
 			Created: s.Created, Clones: s.Clones})
@@ -111,6 +116,12 @@ var listColumns = []struct {
 			return r.snap.Created.Format(time.RFC3339)
 		}
 		return r.vol.Created.Format(time.RFC3339)
+	}},
+	{"NQN", func(r listRow) string {
+		if r.snap != nil || r.vol.NQN == "" {
+			return "-"
+		}
+		return r.vol.NQN
 	}},
 }
 

@@ -90,30 +90,11 @@ func newTestEnv(t testing.TB, o envOpts) *testEnv {
 		t.Fatal(err)
 	}
 	e.addr = e.l.Addr().String()
-	native := &demux{ch: make(chan *rnic.ConnRequest)}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{}, 2)
+	done := make(chan struct{})
+	native := Share(e.l, e.srv)
 	go func() {
-		defer func() { done <- struct{}{} }()
-		for {
-			req, err := e.l.Accept(ctx)
-			if err != nil {
-				return
-			}
-			if IsNVMeRequest(req.PrivateData) {
-				e.srv.Handle(req)
-				continue
-			}
-			select {
-			case native.ch <- req:
-			case <-ctx.Done():
-				req.Reject(nil)
-				return
-			}
-		}
-	}()
-	go func() {
-		defer func() { done <- struct{}{} }()
+		defer close(done)
 		e.tgt.Serve(ctx, native)
 	}()
 	t.Cleanup(func() {
@@ -126,7 +107,6 @@ func newTestEnv(t testing.TB, o envOpts) *testEnv {
 		cancel()
 		e.l.Close()
 		<-done
-		<-done
 		if n := e.srv.bufsOut.Load(); n != 0 {
 			t.Errorf("%d data buffers not given back", n)
 		}
@@ -134,18 +114,6 @@ func newTestEnv(t testing.TB, o envOpts) *testEnv {
 		st.Close()
 	})
 	return e
-}
-
-// demux hands the native requests of the shared listener to target.Serve.
-type demux struct{ ch chan *rnic.ConnRequest }
-
-func (d *demux) Accept(ctx context.Context) (*rnic.ConnRequest, error) {
-	select {
-	case r := <-d.ch:
-		return r, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
 }
 
 // hostQueue is one queue of the test host.

@@ -3,6 +3,7 @@ package nvmf
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/rnic-dev/rnic/rnic"
 )
@@ -69,4 +70,54 @@ func (s *Server) reject(req *rnic.ConnRequest, st CMRejectStatus, why error) {
 	var b [CMRejectLen]byte
 	CMReject(b[:]).Encode(&CMRejectFields{RecFmt: CMRecFmt, Status: st})
 	req.Reject(b[:])
+}
+
+// Shared is a listener shared by the native block protocol and NVMe/RDMA:
+// one port (4420, the IANA port of NVMe/RDMA and the native default) for
+// both, told apart by the MPA Request's private data (IsNVMeRequest).
+// NVMe/RDMA requests go to the Server; the others wait for Accept, which
+// target.Serve calls.
+type Shared struct {
+	l      *rnic.Listener
+	native chan *rnic.ConnRequest
+	done   chan struct{}
+	err    error
+}
+
+// Share starts handing out l's connection requests. It stops when l is
+// closed.
+func Share(l *rnic.Listener, srv *Server) *Shared {
+	sh := &Shared{l: l, native: make(chan *rnic.ConnRequest), done: make(chan struct{})}
+	go func() {
+		defer close(sh.done)
+		for {
+			req, err := l.Accept(context.Background())
+			if err != nil {
+				sh.err = err
+				return
+			}
+			if IsNVMeRequest(req.PrivateData) {
+				srv.Handle(req)
+				continue
+			}
+			select {
+			case sh.native <- req:
+			case <-srv.stop:
+				req.Reject(nil)
+			}
+		}
+	}()
+	return sh
+}
+
+// Accept returns the next native-protocol connection request.
+func (sh *Shared) Accept(ctx context.Context) (*rnic.ConnRequest, error) {
+	select {
+	case r := <-sh.native:
+		return r, nil
+	case <-sh.done:
+		return nil, fmt.Errorf("nvmf: shared listener: %w", sh.err)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }

@@ -66,13 +66,19 @@ func metricsHandler(t *target.Target, nsrv *nvmf.Server, st store.Store, log *sl
 	return mux
 }
 
-func writeMetrics(w *bufio.Writer, m *target.Metrics) {
-	gauge := func(name, help string, v int64) {
+// writers returns functions writing one gauge or counter to w.
+func writers(w *bufio.Writer) (gauge func(name, help string, v int64), counter func(name, help string, v uint64)) {
+	gauge = func(name, help string, v int64) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n%s %d\n", name, help, name, name, v)
 	}
-	counter := func(name, help string, v uint64) {
+	counter = func(name, help string, v uint64) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", name, help, name, name, v)
 	}
+	return gauge, counter
+}
+
+func writeMetrics(w *bufio.Writer, m *target.Metrics) {
+	gauge, counter := writers(w)
 	gauge("rtarget_sessions", "Sessions logged in now.", m.SessionsActive.Load())
 	counter("rtarget_sessions_total", "Sessions created.", m.SessionsTotal.Load())
 	gauge("rtarget_qps", "Logged-in queue pairs now.", m.QPsActive.Load())
@@ -116,12 +122,7 @@ func writeOps(w *bufio.Writer, prefix, what string, ops, errs *[target.NumOps]at
 
 // writeNVMFMetrics writes the NVMe/RDMA front end's counters.
 func writeNVMFMetrics(w *bufio.Writer, m *nvmf.Metrics) {
-	gauge := func(name, help string, v int64) {
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n%s %d\n", name, help, name, name, v)
-	}
-	counter := func(name, help string, v uint64) {
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", name, help, name, name, v)
-	}
+	gauge, counter := writers(w)
 	gauge("rtarget_nvmf_controllers", "NVMe/RDMA controllers now (discovery ones included).", m.Controllers.Load())
 	counter("rtarget_nvmf_controllers_total", "NVMe/RDMA controllers created.", m.ControllersTotal.Load())
 	gauge("rtarget_nvmf_queues", "NVMe/RDMA queues connected now.", m.Queues.Load())

@@ -485,7 +485,11 @@ func (r *ConnRequest) Accept(ctx context.Context, qp *QP, p AcceptParams) (*Conn
 	rev := min(r.Rev, 2)
 	crc := r.CRC || !p.NoCRC
 	large := p.LargeFPDU && r.peerMax > 0
-	rep := mpa.Frame{Reply: true, CRC: !p.NoCRC, Rev: uint8(rev), PrivateData: withExt(p.PrivateData, large)}
+	// The Reply's C bit says whether the connection uses CRCs: set when
+	// either side asked (RFC 5044 §7.1), so an Initiator that asked sees its
+	// request honoured (Linux siw built with mpa_crc_required refuses a
+	// Reply without it).
+	rep := mpa.Frame{Reply: true, CRC: crc, Rev: uint8(rev), PrivateData: withExt(p.PrivateData, large)}
 	s := Stream{Conn: nc, Rev: rev, CRC: crc, PrivateData: r.PrivateData, PeerIRD: r.PeerIRD, PeerORD: r.PeerORD,
 		IRD: ird, ORD: ord}
 	if rev == 2 && r.Enhanced {

@@ -3,6 +3,7 @@ package rnic
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rnic-dev/rnic/internal/rawpeer"
 	"github.com/rnic-dev/rnic/rnic/ddp"
 	"github.com/rnic-dev/rnic/rnic/mpa"
 	"github.com/rnic-dev/rnic/rnic/rdmap"
@@ -266,5 +268,49 @@ func TestProbeIsNotABadRequest(t *testing.T) {
 		if r.Message != c.msg || r.Level != c.level {
 			t.Fatalf("after sending %q: logged %s %q, want %s %q", c.send, r.Level, r.Message, c.level, c.msg)
 		}
+	}
+}
+
+// TestReplySaysCRCInUse: a Responder that does not ask for CRCs answers an
+// Initiator that does with C=1 in its Reply (CRC is used when either side
+// asks, RFC 5044 §7.1, and the Reply says so), on both revisions; an
+// Initiator that does not ask gets C=0.
+func TestReplySaysCRCInUse(t *testing.T) {
+	for _, c := range []struct {
+		rev int
+		crc bool
+	}{{1, true}, {2, true}, {1, false}, {2, false}} {
+		t.Run(fmt.Sprintf("rev%d-crc%v", c.rev, c.crc), func(t *testing.T) {
+			s := newSide(t, "responder", pairOpts{})
+			l, err := s.dev.Listen("127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			accepted := make(chan error, 1)
+			go func() {
+				cr, err := l.Accept(ctx)
+				if err == nil {
+					_, err = cr.Accept(ctx, s.qp, AcceptParams{NoCRC: true})
+				}
+				accepted <- err
+			}()
+			p, err := rawpeer.Dial(ctx, l.Addr().String(), rawpeer.Options{Rev: c.rev, CRC: c.crc})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Conn.Close()
+			if err := <-accepted; err != nil {
+				t.Fatal(err)
+			}
+			if p.Reply.CRC != c.crc || int(p.Reply.Rev) != c.rev {
+				t.Fatalf("Reply rev %d C=%v, want rev %d C=%v", p.Reply.Rev, p.Reply.CRC, c.rev, c.crc)
+			}
+			if si := s.qp.Query().Stream; si == nil || si.CRC != c.crc {
+				t.Fatalf("stream %+v", si)
+			}
+		})
 	}
 }

@@ -105,4 +105,40 @@
 // CompactL0OnClose makes Close compact, which lets a store that was
 // written only a little still find its garbage. badger's log messages go to
 // a log/slog Logger, at Warn and above by default.
+//
+// # The rbd backend
+//
+// With the build tags ceph and pacific, OpenRBD serves the images of a Ceph
+// pool (or RADOS namespace) as volumes; rtarget then is a gateway in front
+// of the cluster, and several gateways may serve one image, one at a time.
+//
+//   - Records: a volume's ID (from a counter object of the pool, never
+//     reused), its Meta (keys rtarget.meta.*) and its fencing epoch
+//     (rtarget.epoch) are image metadata; Created is the image's creation
+//     time. Snapshots, clones (format 2: no protection needed), rollback
+//     and resize are RBD's own; space figures come from the object map
+//     (whole objects, as "rbd du" counts them).
+//   - Durability: librbd runs with rbd_cache off, so a write is on every
+//     replica when it is acknowledged; Flush is rbd_flush, FUA needs
+//     nothing more. Trim and WriteZeroes are rbd_discard with 4 KiB
+//     granularity and partial discards not skipped, so every block in the
+//     range reads as zeros (librbd's defaults leave discards under 64 KiB
+//     as they were).
+//   - Atomicity: RADOS applies an operation on one object (4 MiB, block
+//     aligned) atomically. A request within one object is atomic as it is;
+//     a request spanning objects takes range locks of the objects it
+//     covers, so concurrent requests through one store see each other
+//     whole, as the Volume contract asks. Across a crash (of the gateway
+//     or of the cluster) a write spanning objects may survive in part, per
+//     object; each block is old or new, never a mix, which is exactly the
+//     crash contract of Volume: nothing is narrowed.
+//   - Timeouts: RBDOptions.Timeout bounds a block request; a full or
+//     unreachable cluster fails it with an error instead of hanging.
+//   - Take-over: opening a volume (its head) takes the image's exclusive
+//     lock on a librados client instance of its own, breaking the lock of
+//     any other holder, which blocklists that holder's instance: from then
+//     on the cluster refuses everything it sends (ErrFenced), writes it had
+//     in flight included. The epoch in the image metadata is then raised;
+//     the handle is a Fencer, and the target starts the volume's fencing
+//     tokens above every token of earlier holders.
 package store

@@ -74,7 +74,8 @@ func (f *FrontendSession) ReadOnly() bool { return f.s.vol.readOnly }
 // another session forbids it. Otherwise fn does not run and the error
 // wraps ErrReadOnly or ErrReservationConflict (naming the holder). The
 // check and fn run under the volume's fence, as a native write does, so a
-// reservation taken meanwhile orders after fn.
+// reservation taken meanwhile orders after fn. An fn failing with
+// store.ErrFenced ends every session of the volume (see storeFailed).
 func (f *FrontendSession) Mutate(fn func() error) error {
 	vol := f.s.vol
 	vol.fence.RLock()
@@ -82,7 +83,12 @@ func (f *FrontendSession) Mutate(fn func() error) error {
 	c := vol.checkMutation(f.s.slot, 0)
 	switch c.status {
 	case blockproto.StatusOK:
-		return fn()
+		err := fn()
+		// A volume another target took over (store.ErrFenced) is
+		// dropped here as for a native session: every session on it
+		// ends, this one included.
+		f.s.t.storeFailed(vol, err)
+		return err
 	case blockproto.StatusReadOnly:
 		return fmt.Errorf("%w: %s", ErrReadOnly, vol.name)
 	default:

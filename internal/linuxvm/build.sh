@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # build.sh CACHE_DIR - builds a small Debian-kernel VM that carries real Linux interop peers:
 # soft-iWARP (siw, built here from Debian's linux-source for Debian's kernel, two variants),
-# rdma-core (rping, ibv_devinfo, rdma), perftest (ib_*_bw/_lat) and the kernel NBD client.
+# rdma-core (rping, ibv_devinfo, rdma), perftest (ib_*_bw/_lat), the kernel NBD client, and the
+# kernel's NVMe/RDMA host and target (nvme-rdma, nvmet-rdma, with brd RAM disks) with nvme-cli and fio.
 #
 # Writes CACHE_DIR/{vmlinuz,initrd.gz,run-vm.sh,stamp}. Idempotent: when CACHE_DIR/stamp matches
 # the inputs (kernel package version, host tool package versions, this script) it does nothing.
@@ -27,7 +28,7 @@ T0=$(date +%s)
 
 # Host packages: tools copied into the initramfs, the siw build chain, and qemu to run it.
 PKGS=(qemu-system-x86 busybox-static cpio kmod gcc make xz-utils rdma-core ibverbs-utils
-      ibverbs-providers rdmacm-utils perftest iproute2 nbd-client e2fsprogs)
+      ibverbs-providers rdmacm-utils perftest iproute2 nbd-client e2fsprogs nvme-cli fio)
 missing() { local p; for p in "$@"; do
   dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' || echo "$p"; done; }
 
@@ -112,11 +113,20 @@ MODS=(virtio_pci virtio_net 9pnet_virtio 9p nbd ext4 crc32c_generic libcrc32c ib
 for m in "${MODS[@]}"; do modprobe -d "$K" -S "$V" --show-depends "$m"; done \
   | awk '$1=="insmod"{print $2}' | awk '!seen[$0]++' | while read -r f; do
     rel=${f#"$K"/}; mkdir -p "$IR/$(dirname "$rel")"; cp "$f" "$IR/$rel"; echo "/$rel" >> "$IR/modules.list"; done
+# Modules the guest loads itself when it needs them (modprobe, with the depmod'ed tree below):
+# the NVMe/RDMA host and target, and brd RAM disks (modprobe brd rd_nr=1 rd_size=KiB) for the
+# target's namespaces (configfs, where nvmet is configured, comes with them).
+for m in nvme-rdma nvmet-rdma brd; do modprobe -d "$K" -S "$V" --show-depends "$m"; done \
+  | awk '$1=="insmod"{print $2}' | awk '!seen[$0]++' | while read -r f; do
+    rel=${f#"$K"/}; [ -e "$IR/$rel" ] || { mkdir -p "$IR/$(dirname "$rel")"; cp "$f" "$IR/$rel"; }; done
 mkdir -p "$IR/lib/modules/$V/extra"; cp "$W/siw.ko" "$W/siw_crc1.ko" "$IR/lib/modules/$V/extra/"
+cp "$K/lib/modules/$V"/modules.{order,builtin,builtin.modinfo} "$IR/lib/modules/$V/"
+depmod -b "$IR" "$V"
 BINS=(/usr/sbin/nbd-client /sbin/mkfs.ext4 /sbin/e2fsck /sbin/tune2fs /sbin/dumpe2fs /usr/bin/rdma
       /usr/bin/ibv_devinfo /usr/bin/ibv_devices /usr/bin/rping /usr/bin/ucmatose /usr/bin/rdma_client /usr/bin/rdma_server
       /usr/bin/ib_write_bw /usr/bin/ib_read_bw /usr/bin/ib_send_bw /usr/bin/ib_write_lat /usr/bin/ib_read_lat
-      /usr/bin/ib_send_lat /usr/lib/x86_64-linux-gnu/libibverbs/libsiw-rdmav34.so /lib/x86_64-linux-gnu/libgcc_s.so.1)
+      /usr/bin/ib_send_lat /usr/lib/x86_64-linux-gnu/libibverbs/libsiw-rdmav34.so /lib/x86_64-linux-gnu/libgcc_s.so.1
+      /usr/sbin/nvme /usr/bin/fio)
 for b in "${BINS[@]}"; do
   mkdir -p "$IR$(dirname "$b")"; cp -L "$b" "$IR$b"
   ldd "$b" 2>/dev/null | awk '/=> \//{print $3} /^\t\/.*ld-linux/{print $1}'; done | sort -u | while read -r l; do

@@ -247,32 +247,43 @@ func lineWith(s, sub string) string {
 // what the OSD uses), a write through rinit fails with an I/O error at the
 // NBD client within the gateway's --ceph-timeout instead of hanging.
 func TestRBDFullCluster(t *testing.T) {
-	needTools(t, "qemu-io", "ceph")
+	needTools(t, "qemu-io")
 	spec := rbdNamespace(t)
 	const timeout = 3 * time.Second
 	g := startGateway(t, spec, "--volume", "vol:64M", "--ceph-timeout", timeout.String())
 	uri, _ := startRinit(t, g.addr)
 	run(t, time.Minute, "qemu-io", "-f", "raw", uri, "-c", "write -P 0x5a 0 1M")
 
-	ceph := func(args ...string) {
-		run(t, 40*time.Second, "ceph", append([]string{"--conf", cephConf, "--connect-timeout", "20"}, args...)...)
+	mon := cephtest.Connect(t, cephConf, 20*time.Second)
+	ratios := func(near, backfill, full float64) {
+		for _, c := range []struct {
+			prefix string
+			ratio  float64
+		}{{"osd set-nearfull-ratio", near}, {"osd set-backfillfull-ratio", backfill}, {"osd set-full-ratio", full}} {
+			if _, _, err := mon.MonCommand(map[string]any{"prefix": c.prefix, "ratio": c.ratio}); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
-	restore := func() {
-		ceph("osd", "set-full-ratio", "0.95")
-		ceph("osd", "set-backfillfull-ratio", "0.90")
-		ceph("osd", "set-nearfull-ratio", "0.85")
-	}
-	ceph("osd", "set-nearfull-ratio", "0.0001")
-	ceph("osd", "set-backfillfull-ratio", "0.0002")
-	ceph("osd", "set-full-ratio", "0.0003")
+	restore := func() { ratios(0.85, 0.90, 0.95) }
+	t0 := time.Now()
+	ratios(0.0001, 0.0002, 0.0003)
 	defer restore()
 	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(run(t, 30*time.Second, "ceph", "--conf", cephConf, "--connect-timeout", "20", "health"), "full") {
+	for {
+		out, _, err := mon.MonCommand(map[string]any{"prefix": "health", "format": "json"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(out), "OSD_FULL") {
+			break
+		}
 		if time.Now().After(deadline) {
-			t.Fatal("the cluster did not report full within 30 s")
+			t.Fatalf("the cluster did not report full within 30 s: %s", out)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	t.Logf("cluster full after %v", time.Since(t0).Round(time.Millisecond))
 	// The OSD and the gateway's client learn of the full flag from the
 	// next OSD maps: write until a write fails, each write bounded.
 	var out []byte
@@ -298,7 +309,9 @@ func TestRBDFullCluster(t *testing.T) {
 	}
 	// Reads still work, and writes do again once the cluster has room.
 	run(t, time.Minute, "qemu-io", "-f", "raw", uri, "-c", "read -P 0x5a 0 1M")
+	t.Logf("failing write seen after %v", time.Since(t0).Round(time.Millisecond))
 	restore()
+	defer func() { t.Logf("writes work again after %v", time.Since(t0).Round(time.Millisecond)) }()
 	deadline = time.Now().Add(60 * time.Second)
 	for {
 		out, err := exec.Command("qemu-io", "-f", "raw", uri, "-c", "write -P 0xa5 4M 64k", "-c", "read -P 0xa5 4M 64k").CombinedOutput()

@@ -132,6 +132,12 @@ func Namespace(t testing.TB, conf string, conn *rbd.Conn) string {
 			return
 		}
 		defer p.Close()
+		start := time.Now()
+		defer func() {
+			if d := time.Since(start); d > 5*time.Second {
+				t.Logf("cephtest: cleaning up %s took %v (an image stayed watched)", spec, d.Round(time.Millisecond))
+			}
+		}()
 		if err := Purge(p); err != nil {
 			t.Errorf("cephtest: cleaning up %s: %v", spec, err)
 			return

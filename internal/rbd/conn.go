@@ -4,6 +4,7 @@ package rbd
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -211,4 +212,19 @@ func (p *Pool) where(image string) string { return p.spec + "/" + image }
 func (c *Conn) FSID() (string, error) {
 	id, err := c.conn.GetFSID()
 	return id, wrap("fsid", "", err)
+}
+
+// MonCommand sends a command to the monitors (JSON, as the ceph CLI
+// builds it: {"prefix": "osd set-full-ratio", "ratio": 0.95}) and returns
+// its output and status text.
+func (c *Conn) MonCommand(cmd map[string]any) (out []byte, status string, err error) {
+	b, err := json.Marshal(cmd)
+	if err != nil {
+		return nil, "", err
+	}
+	out, status, err = c.conn.MonCommand(b)
+	if err != nil {
+		return out, status, fmt.Errorf("%w: %s", wrap("mon command "+string(b), "", err), status)
+	}
+	return out, status, nil
 }

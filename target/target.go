@@ -38,6 +38,7 @@ type Target struct {
 
 	mu       sync.Mutex
 	vols     map[string]*volume
+	opening  map[string]chan struct{} // volumes being opened: closed when done
 	sessions map[uint64]*session
 	pending  map[*conn]struct{} // QPs still logging in
 	closed   bool
@@ -65,7 +66,7 @@ func New(cfg Config) (*Target, error) {
 	t := &Target{cfg: cfg, log: cfg.Logger, m: cfg.Metrics, dev: cfg.Device,
 		pool: endpoint.NewPool(store.BlockSize, maxBuf, cfg.BufferBytes), bootID: binary.LittleEndian.Uint64(b[:]) | 1,
 		logins: make(chan struct{}, cfg.MaxLogins), stop: make(chan struct{}),
-		vols: make(map[string]*volume), sessions: make(map[uint64]*session), pending: make(map[*conn]struct{})}
+		vols: make(map[string]*volume), opening: make(map[string]chan struct{}), sessions: make(map[uint64]*session), pending: make(map[*conn]struct{})}
 	t.idle = sync.NewCond(&t.actMu)
 	return t, nil
 }

@@ -245,13 +245,36 @@ func (r stripeRange) each(f func(m *sync.RWMutex, excl bool)) {
 
 // openVolume returns the exported volume name, opening it on first use.
 func (t *Target) openVolume(ctx context.Context, name string) (*volume, error) {
+	for {
+		t.mu.Lock()
+		if vol, ok := t.vols[name]; ok {
+			vol.refs++
+			t.mu.Unlock()
+			return vol, nil
+		}
+		wait, busy := t.opening[name]
+		if !busy {
+			break // t.mu held
+		}
+		t.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("target: open volume %q: %w", name, ctx.Err())
+		}
+	}
+	// Opening may take a while (a shared store takes the volume over from
+	// another target, or waits for an unreachable cluster up to its
+	// timeout): t.mu is not held meanwhile; other logins to the volume
+	// wait for this one.
+	done := make(chan struct{})
+	t.opening[name] = done
+	t.mu.Unlock()
+	v, err := t.cfg.Store.OpenVolume(ctx, name)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if vol, ok := t.vols[name]; ok {
-		vol.refs++
-		return vol, nil
-	}
-	v, err := t.cfg.Store.OpenVolume(ctx, name)
+	delete(t.opening, name)
+	close(done)
 	if err != nil {
 		return nil, fmt.Errorf("target: open volume %q: %w", name, err)
 	}

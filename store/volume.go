@@ -28,7 +28,7 @@ func (v *volume) Info() VolumeInfo {
 }
 
 func (v *volume) InMemory() bool {
-	_, ok := v.dev.(*memDevice)
+	_, ok := v.dev.(memDevice)
 	return ok
 }
 

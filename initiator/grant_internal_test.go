@@ -108,10 +108,10 @@ func TestGrantSTagDeadAfterUse(t *testing.T) {
 			if ev.Type != rnic.EventTerminateReceived {
 				continue
 			}
-			if ev.Terminate == nil || ev.Terminate.Fields.Cause != want {
+			if ev.Terminate == nil || ev.Terminate.Cause != want {
 				t.Fatalf("Terminate %+v, want %v", ev.Terminate, want)
 			}
-			t.Logf("%d grants consumed by WRITEs; a Write through the first one got: %v", len(used), ev.Terminate.Fields.Cause)
+			t.Logf("%d grants consumed by WRITEs; a Write through the first one got: %v", len(used), ev.Terminate.Cause)
 			return
 		case <-ctx.Done():
 			t.Fatalf("no Terminate for a Write through a used grant %#x@%#x; QP state %v", old.stag, old.to, q.qp.State())

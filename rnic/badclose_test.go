@@ -47,7 +47,7 @@ func TestBadLLPClose(t *testing.T) {
 	}
 	want := term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpCatastrophicStream}
 	ev := a.waitEvent(EventBadLLPClose)
-	if ev.Terminate == nil || !ev.Terminate.Local || ev.Terminate.Fields.Cause != want {
+	if ev.Terminate == nil || !ev.TerminateSent || ev.Terminate.Cause != want {
 		t.Fatalf("Bad LLP Close event %+v, want our Terminate %v", ev, want)
 	}
 	a.waitState(StateError)

@@ -160,7 +160,7 @@ func (qp *QP) Attach(s Stream) error {
 	}
 	c := newConn(qp, s)
 	qp.conn = c
-	qp.term = nil
+	qp.term, qp.termSent = nil, false
 	qp.setStateLocked(StateRTS)
 	qp.mu.Unlock()
 	go c.rxMain()
@@ -252,8 +252,7 @@ func (c *conn) fail(f rdmap.TerminateFields, ev EventType, detail error) {
 	}
 	c.failed = true
 	c.termOut = &f
-	info := &TerminateInfo{Local: true, Fields: f}
-	qp.term = info
+	qp.term, qp.termSent = c.termOut, true
 	if qp.state == StateRTS || qp.state == StateClosing {
 		qp.setStateLocked(StateTerminate)
 	}
@@ -261,7 +260,8 @@ func (c *conn) fail(f rdmap.TerminateFields, ev EventType, detail error) {
 	c.log.Info("terminating stream", "cause", f.Cause.String(), "detail", errString(detail))
 	c.setMode(txTerminate)
 	if ev != 0 {
-		c.dev.raise(AsyncEvent{Type: ev, Resource: ResourceQP, QP: qp, QPID: qp.id, Terminate: info, Err: detail})
+		c.dev.raise(AsyncEvent{Type: ev, Resource: ResourceQP, QP: qp, QPID: qp.id, Terminate: c.termOut, TerminateSent: true,
+			Err: detail})
 	}
 }
 
@@ -470,9 +470,9 @@ func (c *conn) endOfStream(end rxEnd, rerr error) {
 	c.detach(final)
 	if ev != 0 {
 		qp.mu.Lock()
-		ti := qp.term
+		tf, sent := qp.term, qp.termSent
 		qp.mu.Unlock()
-		c.dev.raise(AsyncEvent{Type: ev, Resource: ResourceQP, QP: qp, QPID: qp.id, Terminate: ti, Err: rerr})
+		c.dev.raise(AsyncEvent{Type: ev, Resource: ResourceQP, QP: qp, QPID: qp.id, Terminate: tf, TerminateSent: sent, Err: rerr})
 	}
 }
 

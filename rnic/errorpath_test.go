@@ -44,18 +44,18 @@ func TestRemoteErrorReadBadSTag(t *testing.T) {
 	}
 	want := term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteProtection, Code: term.ProtInvalidSTag}
 	ev := a.waitEvent(EventTerminateReceived)
-	if ev.Terminate == nil || ev.Terminate.Local || ev.Terminate.Fields.Cause != want {
+	if ev.Terminate == nil || ev.TerminateSent || ev.Terminate.Cause != want {
 		t.Fatalf("requester event %+v", ev)
 	}
-	if ev := b.waitEvent(EventIRRQInvalidSTag); ev.Terminate.Fields.Cause != want || !ev.Terminate.Local {
+	if ev := b.waitEvent(EventIRRQInvalidSTag); ev.Terminate.Cause != want || !ev.TerminateSent {
 		t.Fatalf("source event %+v", ev)
 	}
 	a.waitState(StateError)
 	b.waitState(StateError)
-	if q := a.qp.Query(); q.Terminate == nil || q.Terminate.Local || q.Terminate.Fields.Cause != want {
+	if q := a.qp.Query(); q.Terminate == nil || q.TerminateSent || q.Terminate.Cause != want {
 		t.Fatalf("requester Query terminate %+v", q.Terminate)
 	}
-	if q := b.qp.Query(); q.Terminate == nil || !q.Terminate.Local {
+	if q := b.qp.Query(); q.Terminate == nil || !q.TerminateSent {
 		t.Fatalf("source Query terminate %+v", q.Terminate)
 	}
 }
@@ -70,10 +70,10 @@ func TestRemoteErrorWriteBounds(t *testing.T) {
 	a.post(SendWR{ID: 1, Op: WRWrite, SGL: []SGE{{STag: src.STag(), Len: 8192}}, Remote: RemoteAddr{STag: sink.STag()}})
 	a.waitOK(a.scq, WRWrite)
 	want := term.Cause{Layer: term.LayerDDP, EType: term.DDPTagged, Code: term.TaggedBaseBounds}
-	if ev := a.waitEvent(EventTerminateReceived); ev.Terminate.Fields.Cause != want {
+	if ev := a.waitEvent(EventTerminateReceived); ev.Terminate.Cause != want {
 		t.Fatalf("writer event %+v", ev)
 	}
-	if ev := b.waitEvent(EventBaseBounds); ev.Terminate.Fields.Cause != want {
+	if ev := b.waitEvent(EventBaseBounds); ev.Terminate.Cause != want {
 		t.Fatalf("sink event %+v", ev)
 	}
 	for i, v := range sinkBuf {
@@ -117,7 +117,7 @@ func TestLocalErrorBadSGE(t *testing.T) {
 	}
 	b.waitOK(b.rcq, WRRecv)
 	want := term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}
-	if ev := b.waitEvent(EventTerminateReceived); ev.Terminate.Fields.Cause != want {
+	if ev := b.waitEvent(EventTerminateReceived); ev.Terminate.Cause != want {
 		t.Fatalf("peer event %+v", ev)
 	}
 	a.waitState(StateError)
@@ -140,10 +140,10 @@ func TestSendWithoutReceive(t *testing.T) {
 	a.post(SendWR{ID: 1, Op: WRSend, SGL: []SGE{{STag: msg.STag(), Len: 8}}})
 	a.waitOK(a.scq, WRSend)
 	want := term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedNoBuffer}
-	if ev := a.waitEvent(EventTerminateReceived); ev.Terminate.Fields.Cause != want {
+	if ev := a.waitEvent(EventTerminateReceived); ev.Terminate.Cause != want {
 		t.Fatalf("sender event %+v", ev)
 	}
-	if ev := b.waitEvent(EventRQInvalidMSN); ev.Terminate.Fields.Cause != want {
+	if ev := b.waitEvent(EventRQInvalidMSN); ev.Terminate.Cause != want {
 		t.Fatalf("receiver event %+v", ev)
 	}
 }
@@ -160,7 +160,7 @@ func TestMisalignedAtomicBetweenEngines(t *testing.T) {
 		t.Fatalf("atomic %+v", wc)
 	}
 	want := term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpCatastrophicStream}
-	if ev := b.waitEvent(EventMisalignedAtomic); ev.Terminate.Fields.Cause != want {
+	if ev := b.waitEvent(EventMisalignedAtomic); ev.Terminate.Cause != want {
 		t.Fatalf("target event %+v", ev)
 	}
 	for i, v := range wordBuf {
@@ -289,19 +289,19 @@ func TestRemoteErrorBothSides(t *testing.T) {
 				t.Fatalf("requester completion %+v, want %s", wc, c.status)
 			}
 			ev := a.waitEvent(EventTerminateReceived)
-			if ev.Terminate == nil || ev.Terminate.Local || ev.Terminate.Fields.Cause != c.cause || ev.QP != a.qp || ev.Resource != ResourceQP {
+			if ev.Terminate == nil || ev.TerminateSent || ev.Terminate.Cause != c.cause || ev.QP != a.qp || ev.Resource != ResourceQP {
 				t.Fatalf("requester event %+v, want cause %s", ev, c.cause)
 			}
 			ev = b.waitEvent(c.ev)
-			if ev.Terminate == nil || !ev.Terminate.Local || ev.Terminate.Fields.Cause != c.cause || ev.QP != b.qp {
+			if ev.Terminate == nil || !ev.TerminateSent || ev.Terminate.Cause != c.cause || ev.QP != b.qp {
 				t.Fatalf("responder event %+v, want cause %s", ev, c.cause)
 			}
 			a.waitState(StateError)
 			b.waitState(StateError)
-			if q := a.qp.Query(); q.Terminate == nil || q.Terminate.Local || q.Terminate.Fields.Cause != c.cause {
+			if q := a.qp.Query(); q.Terminate == nil || q.TerminateSent || q.Terminate.Cause != c.cause {
 				t.Fatalf("requester Query terminate %+v", q.Terminate)
 			}
-			if q := b.qp.Query(); q.Terminate == nil || !q.Terminate.Local || q.Terminate.Fields.Cause != c.cause {
+			if q := b.qp.Query(); q.Terminate == nil || !q.TerminateSent || q.Terminate.Cause != c.cause {
 				t.Fatalf("responder Query terminate %+v", q.Terminate)
 			}
 			if evs := a.eventTypes(); len(evs) != 1 {
@@ -367,12 +367,12 @@ func TestIRDExceeded(t *testing.T) {
 			t.Fatalf("requester ORD %d (no negotiation in revision 1)", q.ORD)
 		}
 		cause := ddpUntagged(term.UntaggedNoBuffer)
-		if ev := b.waitEvent(EventIRRQTooMany); ev.Terminate == nil || !ev.Terminate.Local || ev.Terminate.Fields.Cause != cause {
+		if ev := b.waitEvent(EventIRRQTooMany); ev.Terminate == nil || !ev.TerminateSent || ev.Terminate.Cause != cause {
 			t.Fatalf("responder event %+v", ev)
 		}
 		ev := a.waitEvent(EventTerminateReceived)
-		f := ev.Terminate.Fields
-		if ev.Terminate.Local || f.Cause != cause || !f.D || len(f.DDPHeader) != ddp.UntaggedHeaderLen {
+		f := ev.Terminate
+		if ev.TerminateSent || f.Cause != cause || !f.D || len(f.DDPHeader) != ddp.UntaggedHeaderLen {
 			t.Fatalf("requester event %+v", ev)
 		}
 		// The refused request is the one whose header the Terminate echoes
@@ -501,17 +501,17 @@ func TestModifyRTSToTerminate(t *testing.T) {
 	}
 	want := term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}
 	ev := b.waitEvent(EventTerminateReceived)
-	if ev.Terminate == nil || ev.Terminate.Local || ev.Terminate.Fields.Cause != want || ev.Terminate.Fields.D || ev.Terminate.Fields.M {
+	if ev.Terminate == nil || ev.TerminateSent || ev.Terminate.Cause != want || ev.Terminate.D || ev.Terminate.M {
 		t.Fatalf("peer event %+v", ev)
 	}
 	a.waitState(StateError)
 	b.waitState(StateError)
 	flushedRecvs(t, a, 2)
 	flushedRecvs(t, b, 2)
-	if q := a.qp.Query(); q.Terminate == nil || !q.Terminate.Local || q.Terminate.Fields.Cause != want {
+	if q := a.qp.Query(); q.Terminate == nil || !q.TerminateSent || q.Terminate.Cause != want {
 		t.Fatalf("local Query terminate %+v", q.Terminate)
 	}
-	if q := b.qp.Query(); q.Terminate == nil || q.Terminate.Local || q.Terminate.Fields.Cause != want {
+	if q := b.qp.Query(); q.Terminate == nil || q.TerminateSent || q.Terminate.Cause != want {
 		t.Fatalf("peer Query terminate %+v", q.Terminate)
 	}
 	time.Sleep(20 * time.Millisecond)

@@ -3,6 +3,8 @@ package rnic
 import (
 	"fmt"
 	"sync"
+
+	"github.com/rnic-dev/rnic/rnic/rdmap"
 )
 
 // EventType identifies an asynchronous event (draft §8.3.3, Fig. 37).
@@ -111,8 +113,10 @@ type AsyncEvent struct {
 	QPID     uint32
 	CQ       *CQ
 	SRQ      *SRQ
-	// Terminate is the Terminate message sent or received, if any.
-	Terminate *TerminateInfo
+	// Terminate is the Terminate message sent or received, if any;
+	// TerminateSent says which (EventTerminateReceived: received).
+	Terminate     *rdmap.TerminateFields
+	TerminateSent bool
 	// Err describes the cause in words (for logs).
 	Err error
 }

@@ -377,7 +377,7 @@ func TestTerminateBlamesTheRightWR(t *testing.T) {
 			}
 		}
 		ev := a.waitEvent(EventTerminateReceived)
-		if ev.Terminate.Fields.Cause != prot(term.ProtInvalidSTag) {
+		if ev.Terminate.Cause != prot(term.ProtInvalidSTag) {
 			t.Fatalf("event %+v", ev)
 		}
 	})
@@ -398,7 +398,7 @@ func TestTerminateBlamesTheRightWR(t *testing.T) {
 		if wc := a.wait(a.scq); wc.ID != 2 || wc.Status != StatusSuccess {
 			t.Fatalf("the Write (handed to TCP before the Terminate): %+v", wc)
 		}
-		if ev := a.waitEvent(EventTerminateReceived); ev.Terminate.Fields.Cause != ddpTagged(term.TaggedInvalidSTag) {
+		if ev := a.waitEvent(EventTerminateReceived); ev.Terminate.Cause != ddpTagged(term.TaggedInvalidSTag) {
 			t.Fatalf("event %+v", ev)
 		}
 	})

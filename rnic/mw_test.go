@@ -164,7 +164,7 @@ func TestBindRefusedOverTheWire(t *testing.T) {
 	}
 	b.waitState(StateError)
 	want := term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}
-	if ev := a.waitEvent(EventTerminateReceived); ev.Terminate.Fields.Cause != want {
+	if ev := a.waitEvent(EventTerminateReceived); ev.Terminate.Cause != want {
 		t.Fatalf("peer event %+v", ev)
 	}
 	a.waitState(StateError)

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+
+	"github.com/rnic-dev/rnic/rnic/rdmap"
 )
 
 // QPState is a queue pair state (draft §6.2).
@@ -45,12 +47,6 @@ type QPConfig struct {
 	RQLimit int
 }
 
-// TerminateInfo is a Terminate message sent or received on a QP.
-type TerminateInfo struct {
-	Local  bool // generated here (sent), or received from the peer
-	Fields TerminateMsg
-}
-
 // QPInfo is what Query QP returns.
 type QPInfo struct {
 	ID        uint32
@@ -58,7 +54,11 @@ type QPInfo struct {
 	PD        uint32
 	Config    QPConfig
 	IRD, ORD  int
-	Terminate *TerminateInfo // in Terminate and Error states
+	// Terminate is the Terminate message sent or received on the stream
+	// (in Terminate and Error states); TerminateSent says which: generated
+	// here and sent, or received from the peer.
+	Terminate     *rdmap.TerminateFields
+	TerminateSent bool
 	Stream    *StreamInfo    // when not Idle
 	// RQLimit and RQLimitArmed are the QP RQ Limit and whether its event
 	// is armed (QPs on an S-RQ, draft §9.2.5.2).
@@ -79,7 +79,8 @@ type QP struct {
 	mu        sync.Mutex
 	state     QPState
 	conn      *conn
-	term      *TerminateInfo
+	term      *rdmap.TerminateFields // sent or received (termSent)
+	termSent  bool
 	ird, ord  int
 	destroyed bool
 	changed   chan struct{} // closed at every state change
@@ -241,7 +242,7 @@ func (qp *QP) Query() QPInfo {
 		info.RQLimit, info.RQLimitArmed = qp.rqLimit, qp.rqArmed
 	}
 	if qp.state == StateTerminate || qp.state == StateError {
-		info.Terminate = qp.term
+		info.Terminate, info.TerminateSent = qp.term, qp.termSent
 	}
 	if qp.conn != nil {
 		si := qp.conn.info
@@ -341,7 +342,7 @@ func (qp *QP) Modify(next QPState, a ModifyAttrs) error {
 			return fmt.Errorf("rnic: modify QP %d to Idle: %w", qp.id, ErrFlushing)
 		}
 		qp.setStateLocked(StateIdle)
-		qp.term = nil
+		qp.term, qp.termSent = nil, false
 		qp.mu.Unlock()
 		return nil
 	}

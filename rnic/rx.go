@@ -842,9 +842,8 @@ func (r *rxState) writeResult(s SGE, v uint64) Status {
 func (r *rxState) terminateReceived(f rdmap.TerminateFields) {
 	qp := r.qp
 	c := r.c
-	info := &TerminateInfo{Local: false, Fields: f}
 	qp.mu.Lock()
-	qp.term = info
+	qp.term, qp.termSent = &f, false
 	if qp.state == StateRTS || qp.state == StateClosing {
 		qp.setStateLocked(StateTerminate)
 	}
@@ -857,6 +856,6 @@ func (r *rxState) terminateReceived(f rdmap.TerminateFields) {
 	}
 	q.mu.Unlock()
 	c.log.Info("Terminate received", "cause", f.Cause.String())
-	c.dev.raise(AsyncEvent{Type: EventTerminateReceived, Resource: ResourceQP, QP: qp, QPID: qp.id, Terminate: info,
+	c.dev.raise(AsyncEvent{Type: EventTerminateReceived, Resource: ResourceQP, QP: qp, QPID: qp.id, Terminate: &f,
 		Err: fmt.Errorf("peer terminated the stream: %s", f.Cause)})
 }

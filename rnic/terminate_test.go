@@ -483,12 +483,12 @@ func TestTerminateCodes(t *testing.T) {
 			}
 			tt.waitState(StateError)
 			info := tt.qp.Query()
-			if info.Terminate == nil || !info.Terminate.Local || info.Terminate.Fields.Cause != tc.cause {
+			if info.Terminate == nil || !info.TerminateSent || info.Terminate.Cause != tc.cause {
 				t.Errorf("Query QP terminate %+v", info.Terminate)
 			}
 			if tc.ev != 0 {
 				ev := tt.waitEvent(tc.ev)
-				if ev.QPID != tt.qp.ID() || ev.Terminate == nil || ev.Terminate.Fields.Cause != tc.cause {
+				if ev.QPID != tt.qp.ID() || ev.Terminate == nil || ev.Terminate.Cause != tc.cause {
 					t.Errorf("event %+v", ev)
 				}
 			}

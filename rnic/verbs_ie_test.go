@@ -215,7 +215,7 @@ func TestZeroORD(t *testing.T) {
 		t.Fatalf("%+v", wc)
 	}
 	want := term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}
-	if ev := b.waitEvent(EventTerminateReceived); ev.Terminate.Fields.Cause != want {
+	if ev := b.waitEvent(EventTerminateReceived); ev.Terminate.Cause != want {
 		t.Fatalf("peer event %+v", ev)
 	}
 }

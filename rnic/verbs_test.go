@@ -78,7 +78,7 @@ func TestMemoryWindowLifecycle(t *testing.T) {
 		t.Fatalf("read through an invalidated window: %+v", wc)
 	}
 	want := term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteProtection, Code: term.ProtInvalidSTag}
-	if ev := b.waitEvent(EventIRRQInvalidSTag); ev.Terminate.Fields.Cause != want {
+	if ev := b.waitEvent(EventIRRQInvalidSTag); ev.Terminate.Cause != want {
 		t.Fatalf("responder event %+v", ev)
 	}
 	if !bytes.Equal(mrBuf, before) {
@@ -463,7 +463,7 @@ func TestFlushKOfN(t *testing.T) {
 		t.Fatalf("receiver completed %d receives, want %d", recvd, k)
 	}
 	want := term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedNoBuffer}
-	if ev := b.waitEvent(EventRQInvalidMSN); ev.Terminate == nil || ev.Terminate.Fields.Cause != want {
+	if ev := b.waitEvent(EventRQInvalidMSN); ev.Terminate == nil || ev.Terminate.Cause != want {
 		t.Fatalf("receiver event %+v", ev)
 	}
 	if s := a.dev.Query(); s.MaxQP == 0 {

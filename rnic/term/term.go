@@ -112,98 +112,65 @@ func (c Cause) String() string {
 
 // Name is the RFC's name for the cause, or "unknown".
 func (c Cause) Name() string {
-	switch c.Layer {
-	case LayerRDMAP:
-		switch c.EType {
-		case RDMALocalCatastrophic:
-			return "local catastrophic error"
-		case RDMARemoteProtection:
-			switch c.Code {
-			case ProtInvalidSTag:
-				return "invalid STag"
-			case ProtBaseBounds:
-				return "base or bounds violation"
-			case ProtAccessRights:
-				return "access rights violation"
-			case ProtSTagNotAssociated:
-				return "STag not associated with RDMAP stream"
-			case ProtTOWrap:
-				return "TO wrap"
-			case ProtCannotInvalidate:
-				return "STag cannot be invalidated"
-			case ProtUnspecified:
-				return "unspecified protection error"
-			}
-		case RDMARemoteOperation:
-			switch c.Code {
-			case OpInvalidVersion:
-				return "invalid RDMAP version"
-			case OpUnexpectedOpcode:
-				return "unexpected opcode"
-			case OpCatastrophicStream:
-				return "catastrophic error, localized to RDMAP stream"
-			case OpCatastrophicGlobal:
-				return "catastrophic error, global"
-			case OpCannotInvalidate:
-				return "STag cannot be invalidated"
-			case OpUnspecified:
-				return "unspecified remote operation error"
-			}
-		}
-	case LayerDDP:
-		switch c.EType {
-		case DDPLocalCatastrophic:
-			return "DDP local catastrophic error"
-		case DDPTagged:
-			switch c.Code {
-			case TaggedInvalidSTag:
-				return "invalid STag"
-			case TaggedBaseBounds:
-				return "base or bounds violation"
-			case TaggedNotAssociated:
-				return "STag not associated with DDP stream"
-			case TaggedTOWrap:
-				return "TO wrap"
-			case TaggedInvalidVersion:
-				return "invalid DDP version"
-			}
-		case DDPUntagged:
-			switch c.Code {
-			case UntaggedInvalidQN:
-				return "invalid QN"
-			case UntaggedNoBuffer:
-				return "invalid MSN - no buffer available"
-			case UntaggedMSNRange:
-				return "invalid MSN - MSN range is not valid"
-			case UntaggedInvalidMO:
-				return "invalid MO"
-			case UntaggedTooLong:
-				return "DDP message too long for available buffer"
-			case UntaggedInvalidVersion:
-				return "invalid DDP version"
-			}
-		}
-	case LayerLLP:
-		if c.EType == LLPMPA {
-			switch c.Code {
-			case MPAConnLost:
-				return "TCP connection closed, terminated or lost"
-			case MPACRC:
-				return "MPA CRC error"
-			case MPAMarker:
-				return "MPA marker and ULPDU length mismatch"
-			case MPAInvalidFrame:
-				return "invalid MPA request or reply frame"
-			case MPALocalCatastrophic:
-				return "MPA local catastrophic error"
-			case MPAInsufficientIRD:
-				return "insufficient IRD resources"
-			case MPANoMatchingRTR:
-				return "no matching RTR option"
-			}
-		}
+	if n, ok := codeless[kind{c.Layer, c.EType}]; ok {
+		return n
+	}
+	if n, ok := names[c]; ok {
+		return n
 	}
 	return "unknown"
+}
+
+type kind struct {
+	Layer Layer
+	EType EType
+}
+
+// codeless names the error types that have no code: any code value is
+// acceptable (RFC 5040 Figure 9).
+var codeless = map[kind]string{
+	{LayerRDMAP, RDMALocalCatastrophic}: "local catastrophic error",
+	{LayerDDP, DDPLocalCatastrophic}:    "DDP local catastrophic error",
+}
+
+// names are the RFCs' names of the causes with a code (RFC 5040 Figure 9,
+// DDP's Tagged and Untagged Buffer errors, MPA's and RFC 6581's errors).
+var names = map[Cause]string{
+	{LayerRDMAP, RDMARemoteProtection, ProtInvalidSTag}:       "invalid STag",
+	{LayerRDMAP, RDMARemoteProtection, ProtBaseBounds}:        "base or bounds violation",
+	{LayerRDMAP, RDMARemoteProtection, ProtAccessRights}:      "access rights violation",
+	{LayerRDMAP, RDMARemoteProtection, ProtSTagNotAssociated}: "STag not associated with RDMAP stream",
+	{LayerRDMAP, RDMARemoteProtection, ProtTOWrap}:            "TO wrap",
+	{LayerRDMAP, RDMARemoteProtection, ProtCannotInvalidate}:  "STag cannot be invalidated",
+	{LayerRDMAP, RDMARemoteProtection, ProtUnspecified}:       "unspecified protection error",
+
+	{LayerRDMAP, RDMARemoteOperation, OpInvalidVersion}:     "invalid RDMAP version",
+	{LayerRDMAP, RDMARemoteOperation, OpUnexpectedOpcode}:   "unexpected opcode",
+	{LayerRDMAP, RDMARemoteOperation, OpCatastrophicStream}: "catastrophic error, localized to RDMAP stream",
+	{LayerRDMAP, RDMARemoteOperation, OpCatastrophicGlobal}: "catastrophic error, global",
+	{LayerRDMAP, RDMARemoteOperation, OpCannotInvalidate}:   "STag cannot be invalidated",
+	{LayerRDMAP, RDMARemoteOperation, OpUnspecified}:        "unspecified remote operation error",
+
+	{LayerDDP, DDPTagged, TaggedInvalidSTag}:    "invalid STag",
+	{LayerDDP, DDPTagged, TaggedBaseBounds}:     "base or bounds violation",
+	{LayerDDP, DDPTagged, TaggedNotAssociated}:  "STag not associated with DDP stream",
+	{LayerDDP, DDPTagged, TaggedTOWrap}:         "TO wrap",
+	{LayerDDP, DDPTagged, TaggedInvalidVersion}: "invalid DDP version",
+
+	{LayerDDP, DDPUntagged, UntaggedInvalidQN}:      "invalid QN",
+	{LayerDDP, DDPUntagged, UntaggedNoBuffer}:       "invalid MSN - no buffer available",
+	{LayerDDP, DDPUntagged, UntaggedMSNRange}:       "invalid MSN - MSN range is not valid",
+	{LayerDDP, DDPUntagged, UntaggedInvalidMO}:      "invalid MO",
+	{LayerDDP, DDPUntagged, UntaggedTooLong}:        "DDP message too long for available buffer",
+	{LayerDDP, DDPUntagged, UntaggedInvalidVersion}: "invalid DDP version",
+
+	{LayerLLP, LLPMPA, MPAConnLost}:          "TCP connection closed, terminated or lost",
+	{LayerLLP, LLPMPA, MPACRC}:               "MPA CRC error",
+	{LayerLLP, LLPMPA, MPAMarker}:            "MPA marker and ULPDU length mismatch",
+	{LayerLLP, LLPMPA, MPAInvalidFrame}:      "invalid MPA request or reply frame",
+	{LayerLLP, LLPMPA, MPALocalCatastrophic}: "MPA local catastrophic error",
+	{LayerLLP, LLPMPA, MPAInsufficientIRD}:   "insufficient IRD resources",
+	{LayerLLP, LLPMPA, MPANoMatchingRTR}:     "no matching RTR option",
 }
 
 // Error is a protocol check failure. It carries the Terminate cause the engine

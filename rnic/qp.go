@@ -49,17 +49,17 @@ type QPConfig struct {
 
 // QPInfo is what Query QP returns.
 type QPInfo struct {
-	ID        uint32
-	State     QPState
-	PD        uint32
-	Config    QPConfig
-	IRD, ORD  int
+	ID       uint32
+	State    QPState
+	PD       uint32
+	Config   QPConfig
+	IRD, ORD int
 	// Terminate is the Terminate message sent or received on the stream
 	// (in Terminate and Error states); TerminateSent says which: generated
 	// here and sent, or received from the peer.
 	Terminate     *rdmap.TerminateFields
 	TerminateSent bool
-	Stream    *StreamInfo    // when not Idle
+	Stream        *StreamInfo // when not Idle
 	// RQLimit and RQLimitArmed are the QP RQ Limit and whether its event
 	// is armed (QPs on an S-RQ, draft §9.2.5.2).
 	RQLimit      int
@@ -102,55 +102,63 @@ func (qp *QP) loadState() QPState { return QPState(qp.stateA.Load()) }
 
 func (qp *QP) currentORD() int { return int(qp.ordA.Load()) }
 
+// withDefaults returns cfg with its zero sizes filled in: SQ and RQ depths
+// of 128 (no RQ on an S-RQ) and 4 SGEs per WR, or the device's limit if it
+// is lower.
+func (cfg QPConfig) withDefaults(c *Config) QPConfig {
+	if cfg.SQDepth <= 0 {
+		cfg.SQDepth = 128
+	}
+	if cfg.SRQ == nil && cfg.RQDepth <= 0 {
+		cfg.RQDepth = 128
+	}
+	for _, v := range []struct {
+		n   *int
+		lim int
+	}{{&cfg.MaxSendSGE, c.MaxSGE}, {&cfg.MaxWriteSGE, c.MaxWriteSGE}, {&cfg.MaxRecvSGE, c.MaxSGE}} {
+		if *v.n <= 0 {
+			*v.n = min(4, v.lim)
+		}
+	}
+	return cfg
+}
+
+// validate checks a QP's attributes (defaults applied) against device d
+// and its limits (draft §6.1.1).
+func (cfg QPConfig) validate(d *Device) error {
+	c := &d.cfg
+	switch {
+	case cfg.SendCQ == nil || cfg.RecvCQ == nil:
+		return fmt.Errorf("%w: send and receive CQs are required", ErrInvalidCQ)
+	case cfg.SQDepth > c.MaxWR:
+		return fmt.Errorf("%w: SQ depth %d", ErrWRExceedsCapability, cfg.SQDepth)
+	case cfg.SRQ == nil && cfg.RQDepth > c.MaxWR:
+		return fmt.Errorf("%w: RQ depth %d", ErrWRExceedsCapability, cfg.RQDepth)
+	case cfg.SRQ != nil && cfg.SRQ.dev != d:
+		return ErrInvalidSRQ
+	case cfg.MaxSendSGE > c.MaxSGE:
+		return fmt.Errorf("%w: %d send SGEs > %d", ErrSGEExceedsCapability, cfg.MaxSendSGE, c.MaxSGE)
+	case cfg.MaxWriteSGE > c.MaxWriteSGE:
+		return fmt.Errorf("%w: %d RDMA Write SGEs > %d", ErrSGEExceedsCapability, cfg.MaxWriteSGE, c.MaxWriteSGE)
+	case cfg.MaxRecvSGE > c.MaxSGE:
+		return fmt.Errorf("%w: %d receive SGEs > %d", ErrSGEExceedsCapability, cfg.MaxRecvSGE, c.MaxSGE)
+	case cfg.IRD < 0 || cfg.IRD > c.MaxIRD:
+		return fmt.Errorf("%w: %d", ErrIRDExceedsCapability, cfg.IRD)
+	case cfg.ORD < 0 || cfg.ORD > c.MaxORD:
+		return fmt.Errorf("%w: %d", ErrORDExceedsCapability, cfg.ORD)
+	case cfg.RQLimit < 0 || (cfg.SRQ != nil && cfg.RQLimit > cfg.SRQ.q.depth):
+		return ErrRQLimit
+	}
+	return nil
+}
+
 // CreateQP creates a queue pair in the Idle state.
 func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	d := pd.dev
 	c := d.cfg
-	if cfg.SendCQ == nil || cfg.RecvCQ == nil {
-		return nil, fmt.Errorf("rnic: create QP: %w: send and receive CQs are required", ErrInvalidCQ)
-	}
-	if cfg.SQDepth <= 0 {
-		cfg.SQDepth = 128
-	}
-	if cfg.SQDepth > c.MaxWR {
-		return nil, fmt.Errorf("rnic: create QP: %w: SQ depth %d", ErrWRExceedsCapability, cfg.SQDepth)
-	}
-	if cfg.SRQ == nil {
-		if cfg.RQDepth <= 0 {
-			cfg.RQDepth = 128
-		}
-		if cfg.RQDepth > c.MaxWR {
-			return nil, fmt.Errorf("rnic: create QP: %w: RQ depth %d", ErrWRExceedsCapability, cfg.RQDepth)
-		}
-	} else if cfg.SRQ.dev != d {
-		return nil, fmt.Errorf("rnic: create QP: %w", ErrInvalidSRQ)
-	}
-	def := func(v *int, lim int) error {
-		if *v <= 0 {
-			*v = min(4, lim)
-		}
-		if *v > lim {
-			return fmt.Errorf("rnic: create QP: %w: %d > %d", ErrSGEExceedsCapability, *v, lim)
-		}
-		return nil
-	}
-	if err := def(&cfg.MaxSendSGE, c.MaxSGE); err != nil {
-		return nil, err
-	}
-	if err := def(&cfg.MaxWriteSGE, c.MaxWriteSGE); err != nil {
-		return nil, err
-	}
-	if err := def(&cfg.MaxRecvSGE, c.MaxSGE); err != nil {
-		return nil, err
-	}
-	if cfg.IRD < 0 || cfg.IRD > c.MaxIRD {
-		return nil, fmt.Errorf("rnic: create QP: %w: %d", ErrIRDExceedsCapability, cfg.IRD)
-	}
-	if cfg.ORD < 0 || cfg.ORD > c.MaxORD {
-		return nil, fmt.Errorf("rnic: create QP: %w: %d", ErrORDExceedsCapability, cfg.ORD)
-	}
-	if cfg.RQLimit < 0 || (cfg.SRQ != nil && cfg.RQLimit > cfg.SRQ.q.depth) {
-		return nil, fmt.Errorf("rnic: create QP: %w", ErrRQLimit)
+	cfg = cfg.withDefaults(&c)
+	if err := cfg.validate(d); err != nil {
+		return nil, fmt.Errorf("rnic: create QP: %w", err)
 	}
 	if err := cfg.SendCQ.use(1); err != nil {
 		return nil, fmt.Errorf("rnic: create QP: send CQ: %w", err)

@@ -124,6 +124,74 @@ func TestResourceDependencies(t *testing.T) {
 	}
 }
 
+// TestCreateQPDefaultsAndLimits: Create QP fills in the sizes left zero and
+// refuses attributes beyond the device's limits with the matching error,
+// creating nothing (draft §6.1.1).
+func TestCreateQPDefaultsAndLimits(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Logger = testLogger()
+	cfg.MaxSGE, cfg.MaxWriteSGE, cfg.MaxWR = 2, 8, 256
+	d, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	pd, _ := d.AllocPD()
+	cq, err := d.CreateCQ(16, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := Open(Config{Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	opd, _ := other.AllocPD()
+	foreign, err := other.CreateSRQ(opd, 8, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qp, err := pd.CreateQP(QPConfig{SendCQ: cq, RecvCQ: cq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := qp.Query().Config
+	if got.SQDepth != 128 || got.RQDepth != 128 || got.MaxSendSGE != 2 || got.MaxWriteSGE != 4 || got.MaxRecvSGE != 2 {
+		t.Fatalf("defaults: SQ %d RQ %d SGEs send %d write %d recv %d, want 128 128 2 4 2",
+			got.SQDepth, got.RQDepth, got.MaxSendSGE, got.MaxWriteSGE, got.MaxRecvSGE)
+	}
+	base := QPConfig{SendCQ: cq, RecvCQ: cq}
+	for _, c := range []struct {
+		name string
+		mod  func(*QPConfig)
+		want error
+	}{
+		{"no send CQ", func(c *QPConfig) { c.SendCQ = nil }, ErrInvalidCQ},
+		{"SQ depth", func(c *QPConfig) { c.SQDepth = 257 }, ErrWRExceedsCapability},
+		{"RQ depth", func(c *QPConfig) { c.RQDepth = 257 }, ErrWRExceedsCapability},
+		{"send SGEs", func(c *QPConfig) { c.MaxSendSGE = 3 }, ErrSGEExceedsCapability},
+		{"write SGEs", func(c *QPConfig) { c.MaxWriteSGE = 9 }, ErrSGEExceedsCapability},
+		{"receive SGEs", func(c *QPConfig) { c.MaxRecvSGE = 3 }, ErrSGEExceedsCapability},
+		{"IRD", func(c *QPConfig) { c.IRD = cfg.MaxIRD + 1 }, ErrIRDExceedsCapability},
+		{"ORD", func(c *QPConfig) { c.ORD = -1 }, ErrORDExceedsCapability},
+		{"RQ limit", func(c *QPConfig) { c.RQLimit = -1 }, ErrRQLimit},
+		{"S-RQ of another device", func(c *QPConfig) { c.SRQ = foreign }, ErrInvalidSRQ},
+	} {
+		qc := base
+		c.mod(&qc)
+		if qp, err := pd.CreateQP(qc); !errors.Is(err, c.want) || qp != nil {
+			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
+	}
+	// The refusals created nothing: the CQ is used by the one QP only.
+	if err := qp.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cq.Destroy(); err != nil {
+		t.Fatalf("destroying the CQ after the refused QPs: %v", err)
+	}
+}
+
 // TestPostImmediateErrors: PostSQ/PostRQ immediate errors (draft Fig. 34);
 // a list stops at the first bad WR, the ones before it are queued.
 func TestPostImmediateErrors(t *testing.T) {

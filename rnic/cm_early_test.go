@@ -137,9 +137,15 @@ func TestEarlyData(t *testing.T) {
 				done <- err
 				return
 			}
-			// Give the early FPDU (a second write) time to arrive, as a
-			// ULP that allocates its QP first would.
-			time.Sleep(50 * time.Millisecond)
+			// Accept once the early FPDU (a second write) is in the
+			// receive queue, as a ULP that allocates its QP first might.
+			for !cr.earlyData() {
+				if ctx.Err() != nil {
+					done <- errors.New("the early FPDU never showed in the receive queue")
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
 			_, err = cr.Accept(ctx, s.qp, AcceptParams{})
 			done <- err
 		}()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"testing"
 	"time"
 )
@@ -108,8 +109,8 @@ func TestRejectedConnection(t *testing.T) {
 			if err := <-done; err != nil {
 				t.Fatalf("responder: %v", err)
 			}
-			time.Sleep(20 * time.Millisecond)
 			for _, s := range []*side{a, b} {
+				s.settle(nil) // no stream: the events raised so far are delivered
 				if q := s.qp.Query(); q.State != StateIdle || q.Stream != nil {
 					t.Fatalf("%s: QP in %s, stream %+v", s.dev.Name(), q.State, q.Stream)
 				}
@@ -206,4 +207,55 @@ func TestLargeFPDUOneSide(t *testing.T) {
 			exchange(t, a, b)
 		})
 	}
+}
+
+// TestExplicitIRDApplied: an IRD given in AcceptParams or ConnParams is
+// advertised in the MPA exchange and applied to the QP, so the peer,
+// which clamps its ORD to it, can use it all: the QP does not keep its own
+// IRD and terminate the peer's Reads past it.
+func TestExplicitIRDApplied(t *testing.T) {
+	const reads, size = 8, 1 << 20
+	run := func(t *testing.T, o pairOpts, reqSide func(a, b *side) (req, src *side)) {
+		o.qp = QPConfig{IRD: 1, ORD: 8, InboundRead: true, InboundWrite: true}
+		a, b := newPair(t, o, nil)
+		req, src := reqSide(a, b)
+		if q := src.qp.Query(); q.IRD != 4 {
+			t.Fatalf("data source IRD %d, want the advertised 4", q.IRD)
+		}
+		if q := req.qp.Query(); q.ORD != 4 {
+			t.Fatalf("requester ORD %d, want the peer's IRD 4", q.ORD)
+		}
+		smr, sbuf := src.reg(size, LocalRead|RemoteRead)
+		fill(sbuf, 5)
+		dmr, dbuf := req.reg(reads*size, LocalWrite|RemoteWrite)
+		for i := 0; i < reads; i++ {
+			req.post(SendWR{ID: uint64(i), Op: WRRead, Local: SGE{STag: dmr.STag(), TO: uint64(i * size), Len: size},
+				Remote: RemoteAddr{STag: smr.STag()}})
+		}
+		for i := 0; i < reads; i++ {
+			req.waitOK(req.scq, WRRead)
+			if !bytes.Equal(dbuf[i*size:(i+1)*size], sbuf) {
+				t.Fatalf("read %d differs", i)
+			}
+		}
+	}
+	t.Run("accept", func(t *testing.T) {
+		run(t, pairOpts{accept: func(p *AcceptParams) { p.IRD = 4 }}, func(a, b *side) (*side, *side) { return a, b })
+	})
+	t.Run("connect", func(t *testing.T) {
+		run(t, pairOpts{connect: func(p *ConnParams) { p.IRD = 4 }}, func(a, b *side) (*side, *side) { return b, a })
+	})
+	t.Run("beyond-capability", func(t *testing.T) {
+		s := newSide(t, "x", pairOpts{})
+		c1, c2 := net.Pipe()
+		c2.Close()
+		defer c1.Close()
+		_, err := s.dev.ConnectConn(t.Context(), s.qp, c1, ConnParams{IRD: s.dev.Query().MaxIRD + 1})
+		if !errors.Is(err, ErrIRDExceedsCapability) {
+			t.Fatalf("IRD beyond the RNIC's maximum: %v", err)
+		}
+		if s.qp.State() != StateIdle {
+			t.Fatalf("QP in %s", s.qp.State())
+		}
+	})
 }

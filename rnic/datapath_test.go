@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
-	"time"
 )
 
 var variants = []struct {
@@ -247,21 +246,30 @@ func TestPlug(t *testing.T) {
 	a.post(SendWR{ID: 99, Op: WRSend, SGL: []SGE{{STag: msg.STag(), TO: 16 * 64, Len: 64}}})
 	a.waitOK(a.scq, WRSend)
 	b.waitOK(b.rcq, WRRecv)
-	time.Sleep(20 * time.Millisecond)
+	// The transmit goroutine completed that Send in its run loop, or did
+	// nothing: once it lets go of txMu it waits for a kick, and nothing
+	// else kicks it in this test.
+	c := a.stream()
+	c.txMu.Lock()
+	c.txMu.Unlock()
 	a.qp.Plug()
 	a.qp.Plug()
 	for i := 0; i < 16; i++ {
 		a.post(SendWR{ID: uint64(i), Op: WRSend, SGL: []SGE{{STag: msg.STag(), TO: uint64(i * 64), Len: 64}}})
 	}
 	a.qp.Unplug()
-	// Still plugged once: nothing may leave. (Nothing else runs the
-	// transmitter in this test.)
-	time.Sleep(50 * time.Millisecond)
+	// Still plugged once: neither the posts nor the inner Unplug sent
+	// anything (inline) or kicked the transmitter; all 16 WQEs are queued,
+	// not started.
+	q := a.qp.sq
+	q.mu.Lock()
+	unstarted := q.tail - q.next
+	q.mu.Unlock()
+	if unstarted != 16 || len(c.doorbell) != 0 {
+		t.Fatalf("plugged: %d of 16 WQEs not started, %d kicks pending", unstarted, len(c.doorbell))
+	}
 	if n := b.rcq.Len(); n != 0 {
 		t.Fatalf("%d Sends arrived while plugged", n)
-	}
-	if n := a.scq.Len(); n != 0 {
-		t.Fatalf("%d Sends completed while plugged", n)
 	}
 	a.qp.Unplug()
 	for i := 0; i < 16; i++ {

@@ -432,6 +432,7 @@ func TestModifyRTSToError(t *testing.T) {
 	})
 	src, _ := b.reg(big, LocalRead|RemoteRead)
 	sink, _ := a.reg(big, LocalWrite|RemoteWrite)
+	ca, cb := a.stream(), b.stream()
 	held := px.hold(1 << 20)
 	for i := uint64(10); i < 13; i++ {
 		a.post(SendWR{ID: i, Op: WRRead, Local: SGE{STag: sink.STag(), Len: big}, Remote: RemoteAddr{STag: src.STag()}})
@@ -466,7 +467,8 @@ func TestModifyRTSToError(t *testing.T) {
 	if q := b.qp.Query(); q.Terminate != nil {
 		t.Fatalf("the peer recorded a Terminate: %+v", q.Terminate)
 	}
-	time.Sleep(20 * time.Millisecond)
+	a.settle(ca)
+	b.settle(cb)
 	if evs := a.eventTypes(); len(evs) != 0 {
 		t.Fatalf("events on the QP moved to Error: %v", evs)
 	}
@@ -490,6 +492,7 @@ func TestModifyRTSToTerminate(t *testing.T) {
 			b.postRecv(i, bRecv, 64)
 		}
 	})
+	ca, cb := a.stream(), b.stream()
 	if err := a.qp.Modify(StateTerminate, ModifyAttrs{}); err != nil {
 		t.Fatal(err)
 	}
@@ -514,7 +517,8 @@ func TestModifyRTSToTerminate(t *testing.T) {
 	if q := b.qp.Query(); q.Terminate == nil || q.TerminateSent || q.Terminate.Cause != want {
 		t.Fatalf("peer Query terminate %+v", q.Terminate)
 	}
-	time.Sleep(20 * time.Millisecond)
+	a.settle(ca)
+	b.settle(cb)
 	if evs := a.eventTypes(); len(evs) != 0 {
 		t.Fatalf("events on the terminating QP: %v", evs)
 	}

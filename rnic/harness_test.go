@@ -423,3 +423,55 @@ func (p *proxy) reset() {
 	}
 	p.conns = nil
 }
+
+// stream returns s's connection (nil when the QP has none).
+func (s *side) stream() *conn {
+	s.qp.mu.Lock()
+	defer s.qp.mu.Unlock()
+	return s.qp.conn
+}
+
+// settle waits until stream c (if not nil) has ended, its receive and
+// transmit goroutines returned, and every asynchronous event of s's device
+// raised until then has been delivered (the dispatcher runs them in
+// order). After it, an event that has not come will not come: tests that
+// assert the absence of an event wait for this instead of sleeping.
+func (s *side) settle(c *conn) {
+	s.t.Helper()
+	deadline := time.After(10 * time.Second)
+	if c != nil {
+		for _, ch := range []chan struct{}{c.rxDone, c.txDone} {
+			select {
+			case <-ch:
+			case <-deadline:
+				s.t.Fatalf("%s: the stream did not end", s.dev.Name())
+			}
+		}
+	}
+	done := make(chan struct{})
+	s.dev.disp.post(func() { close(done) })
+	select {
+	case <-done:
+	case <-deadline:
+		s.t.Fatalf("%s: the event dispatcher is stuck", s.dev.Name())
+	}
+}
+
+// roundTrip waits until the peer's receiver has handled every message s
+// sent before: it posts a zero-length RDMA Read, which the peer answers
+// only after them (a receiver handles its stream in order), and waits for
+// its completion. The send completions before it are consumed and must be
+// successful.
+func (s *side) roundTrip() {
+	s.t.Helper()
+	s.post(SendWR{ID: 1<<64 - 1, Op: WRRead})
+	for {
+		wc := s.wait(s.scq)
+		if wc.Status != StatusSuccess {
+			s.t.Fatalf("%s: completion %+v", s.dev.Name(), wc)
+		}
+		if wc.Op == WRRead && wc.ID == 1<<64-1 {
+			return
+		}
+	}
+}

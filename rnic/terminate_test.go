@@ -687,3 +687,84 @@ func TestSendInvWindowOfAnotherQP(t *testing.T) {
 		t.Fatalf("receive completion %+v", wc)
 	}
 }
+
+// TestTerminateBlamesTheRightWR: a received Terminate completes the WR it
+// concerns (found by the echoed DDP header: QN 1 and its MSN) with Remote
+// Termination Error; every other outstanding WR is Flushed, the oldest
+// outstanding Read or atomic included.
+//
+// The big Read must still be outstanding when the Terminate arrives: a
+// relay holds the Responder's bytes after 1 MiB until the Responder has
+// found the fault, and the Responder stops its Read Response at the next
+// segment once it has.
+func TestTerminateBlamesTheRightWR(t *testing.T) {
+	const big = 16 << 20
+	t.Run("second-read", func(t *testing.T) {
+		var px *proxy
+		a, b := newPair(t, pairOpts{proxy: &px}, nil)
+		src, _ := b.reg(big, LocalRead|RemoteRead)
+		sink, _ := a.reg(big, LocalWrite|RemoteWrite)
+		px.hold(1 << 20)
+		// One list: the Terminate may come back before a later PostSend.
+		if n, err := a.qp.PostSend(
+			SendWR{ID: 1, Op: WRRead, Local: SGE{STag: sink.STag(), Len: big}, Remote: RemoteAddr{STag: src.STag()}},
+			SendWR{ID: 2, Op: WRRead, Local: SGE{STag: sink.STag(), Len: 16}, Remote: RemoteAddr{STag: src.STag().WithKey(src.STag().Key() ^ 1)}},
+			SendWR{ID: 3, Op: WRRead, Local: SGE{STag: sink.STag(), Len: 16}, Remote: RemoteAddr{STag: src.STag()}}); n != 3 || err != nil {
+			t.Fatalf("posted %d: %v", n, err)
+		}
+		b.waitEvent(EventIRRQInvalidSTag)
+		px.unhold()
+		for _, want := range []struct {
+			id uint64
+			st Status
+		}{{1, StatusFlushed}, {2, StatusRemoteTermination}, {3, StatusFlushed}} {
+			if wc := a.wait(a.scq); wc.ID != want.id || wc.Status != want.st {
+				t.Fatalf("completion %+v, want WR %d %s", wc, want.id, want.st)
+			}
+		}
+		ev := a.waitEvent(EventTerminateReceived)
+		if ev.Terminate.Cause != prot(term.ProtInvalidSTag) {
+			t.Fatalf("event %+v", ev)
+		}
+	})
+	t.Run("write-with-read-outstanding", func(t *testing.T) {
+		var px *proxy
+		a, b := newPair(t, pairOpts{proxy: &px}, nil)
+		src, _ := b.reg(big, LocalRead|RemoteRead)
+		sink, _ := a.reg(big, LocalWrite|RemoteWrite)
+		wsrc, _ := a.reg(64, LocalRead)
+		px.hold(1 << 20)
+		a.post(SendWR{ID: 1, Op: WRRead, Local: SGE{STag: sink.STag(), Len: big}, Remote: RemoteAddr{STag: src.STag()}})
+		a.post(SendWR{ID: 2, Op: WRWrite, SGL: []SGE{{STag: wsrc.STag(), Len: 64}}, Remote: RemoteAddr{STag: 0x00ABCD01}})
+		b.waitEvent(EventInvalidSTag)
+		px.unhold()
+		if wc := a.wait(a.scq); wc.ID != 1 || wc.Status != StatusFlushed {
+			t.Fatalf("the Read the Terminate does not concern: %+v", wc)
+		}
+		if wc := a.wait(a.scq); wc.ID != 2 || wc.Status != StatusSuccess {
+			t.Fatalf("the Write (handed to TCP before the Terminate): %+v", wc)
+		}
+		if ev := a.waitEvent(EventTerminateReceived); ev.Terminate.Cause != ddpTagged(term.TaggedInvalidSTag) {
+			t.Fatalf("event %+v", ev)
+		}
+	})
+	t.Run("second-atomic", func(t *testing.T) {
+		var px *proxy
+		a, b := newPair(t, pairOpts{proxy: &px}, nil)
+		src, _ := b.reg(big, LocalRead|RemoteRead)
+		word, _ := b.reg(64, LocalWrite|RemoteAtomic)
+		sink, _ := a.reg(big, LocalWrite|RemoteWrite)
+		res, _ := a.reg(16, LocalWrite)
+		px.hold(1 << 20)
+		a.post(SendWR{ID: 1, Op: WRRead, Local: SGE{STag: sink.STag(), Len: big}, Remote: RemoteAddr{STag: src.STag()}})
+		a.post(SendWR{ID: 2, Op: WRFetchAdd, Local: SGE{STag: res.STag(), Len: 8}, Remote: RemoteAddr{STag: word.STag(), TO: 4}, AddSwap: 1})
+		b.waitEvent(EventMisalignedAtomic)
+		px.unhold()
+		if wc := a.wait(a.scq); wc.ID != 1 || wc.Status != StatusFlushed {
+			t.Fatalf("read %+v", wc)
+		}
+		if wc := a.wait(a.scq); wc.ID != 2 || wc.Status != StatusRemoteTermination {
+			t.Fatalf("misaligned atomic %+v", wc)
+		}
+	})
+}

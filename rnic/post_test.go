@@ -1,0 +1,138 @@
+package rnic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+)
+
+// postUntilRefused posts WRs on qp until posting is refused with
+// ErrInvalidQPState and returns how many were accepted. After limit WRs it
+// stops posting and waits for the QP to leave RTS, then posts once more: a
+// test whose completions must all fit its CQ posts no more than the CQ
+// holds.
+func postUntilRefused(qp *QP, recv bool, mr *MR, limit int) (int, error) {
+	n := 0
+	for {
+		if n == limit {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := qp.WaitState(ctx, StateError, StateTerminate, StateClosing, StateIdle)
+			cancel()
+			if err != nil {
+				return n, err
+			}
+		}
+		var err error
+		var k int
+		if recv {
+			k, err = qp.PostRecv(RecvWR{ID: uint64(n), SGL: []SGE{{STag: mr.STag(), Len: 8}}})
+		} else {
+			k, err = qp.PostSend(SendWR{ID: uint64(n), Op: WRWrite, Remote: RemoteAddr{STag: 0}})
+		}
+		n += k
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrTooManyWRs):
+			runtime.Gosched()
+		case errors.Is(err, ErrInvalidQPState):
+			return n, nil
+		default:
+			return n, fmt.Errorf("post: %w", err)
+		}
+		if n > limit {
+			return n, fmt.Errorf("%d WRs posted, the limit was %d", n, limit)
+		}
+	}
+}
+
+// TestPostFlushRace: posting and flushing are atomic with respect to each
+// other. A poster races Modify QP ->Error; every WR it managed to post must
+// complete exactly once (successfully or Flushed), none may be left behind
+// in a queue nobody will flush again (the state check and the queuing
+// happen under one lock the flush takes too).
+func TestPostFlushRace(t *testing.T) {
+	// race posts until refused on both queues of qp while modify moves it
+	// to Error, and returns how many sends and receives were posted.
+	race := func(t *testing.T, qp *QP, mr *MR, limit int, modify func() error) (sends, recvs int) {
+		var wg sync.WaitGroup
+		var serr, rerr error
+		wg.Add(2)
+		go func() { defer wg.Done(); sends, serr = postUntilRefused(qp, false, mr, limit) }()
+		go func() { defer wg.Done(); recvs, rerr = postUntilRefused(qp, true, mr, limit) }()
+		merr := modify()
+		wg.Wait()
+		if err := errors.Join(merr, serr, rerr); err != nil {
+			t.Fatal(err)
+		}
+		return sends, recvs
+	}
+	t.Run("idle", func(t *testing.T) {
+		d, pd, _, _, mr, _ := idleQP(t, 64, 16)
+		cq, err := d.CreateCQ(1<<16, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		qp, err := pd.CreateQP(QPConfig{SendCQ: cq, RecvCQ: cq, SQDepth: 16, RQDepth: 16, MaxSendSGE: 1, MaxRecvSGE: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 2000; i++ {
+			// In Idle nothing completes: the queues' depths bound what is posted.
+			sends, recvs := race(t, qp, mr, 1<<16, func() error {
+				for k := 0; k < i%7; k++ {
+					runtime.Gosched()
+				}
+				return qp.Modify(StateError, ModifyAttrs{})
+			})
+			var gotS, gotR int
+			for _, wc := range drainCQ(cq) {
+				if wc.Op == WRRecv {
+					gotR++
+				} else {
+					gotS++
+				}
+			}
+			if gotS != sends || gotR != recvs {
+				t.Fatalf("iteration %d: %d sends and %d receives posted, %d and %d completed", i, sends, recvs, gotS, gotR)
+			}
+			if err := qp.Modify(StateIdle, ModifyAttrs{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	t.Run("rts", func(t *testing.T) {
+		for i := 0; i < 30; i++ {
+			a, _ := newPair(t, pairOpts{qp: QPConfig{SQDepth: 64, InboundWrite: true, InboundRead: true}}, nil)
+			mr, _ := a.reg(64, LocalWrite)
+			// The Writes complete as fast as they are posted: more than the
+			// send CQ holds would overflow it and end the stream in Error
+			// before the Modify.
+			entries, _ := a.scq.Query()
+			sends, recvs := race(t, a.qp, mr, entries, func() error {
+				time.Sleep(time.Duration(i%5) * 100 * time.Microsecond)
+				return a.qp.Modify(StateError, ModifyAttrs{})
+			})
+			a.waitState(StateError)
+			var gotS, gotR int
+			for _, wc := range drainCQ(a.scq) {
+				if wc.Status != StatusSuccess && wc.Status != StatusFlushed {
+					t.Fatalf("send completion %+v", wc)
+				}
+				gotS++
+			}
+			for _, wc := range drainCQ(a.rcq) {
+				if wc.Status != StatusFlushed {
+					t.Fatalf("receive completion %+v", wc)
+				}
+				gotR++
+			}
+			if gotS != sends || gotR != recvs {
+				t.Fatalf("iteration %d: %d sends and %d receives posted, %d and %d completed", i, sends, recvs, gotS, gotR)
+			}
+		}
+	})
+}

@@ -142,8 +142,14 @@ func TestLocalFence(t *testing.T) {
 		a, b := newPair(t, pairOpts{}, nil)
 		src, _ := b.reg(n, LocalRead|RemoteRead)
 		sink, _ := a.reg(n, LocalWrite|RemoteWrite)
-		a.post(SendWR{ID: 1, Op: WRRead, Local: SGE{STag: sink.STag(), Len: n}, Remote: RemoteAddr{STag: src.STag()}})
-		a.post(SendWR{ID: 2, Op: WRInvalidate, InvalidateSTag: sink.STag()})
+		// One list: the transmitter takes both before it writes the Read
+		// Request, so the Invalidate runs before any response can arrive
+		// (two posts let a slow poster see the 4 MiB Read finish first).
+		if k, err := a.qp.PostSend(
+			SendWR{ID: 1, Op: WRRead, Local: SGE{STag: sink.STag(), Len: n}, Remote: RemoteAddr{STag: src.STag()}},
+			SendWR{ID: 2, Op: WRInvalidate, InvalidateSTag: sink.STag()}); k != 2 || err != nil {
+			t.Fatalf("posted %d: %v", k, err)
+		}
 		if wc := a.wait(a.scq); wc.ID != 1 || wc.Status == StatusSuccess {
 			t.Fatalf("the Read succeeded although its sink was invalidated first: %+v", wc)
 		}

@@ -699,17 +699,22 @@ func TestSendInvWindowOfAnotherQP(t *testing.T) {
 // segment once it has.
 func TestTerminateBlamesTheRightWR(t *testing.T) {
 	const big = 16 << 20
-	t.Run("second-read", func(t *testing.T) {
-		var px *proxy
-		a, b := newPair(t, pairOpts{proxy: &px}, nil)
+	// outstanding connects a pair through a relay that holds b's bytes
+	// after 1 MiB, and returns the big Read (WR 1) to keep outstanding.
+	outstanding := func(t *testing.T) (a, b *side, px *proxy, read SendWR) {
+		a, b = newPair(t, pairOpts{proxy: &px}, nil)
 		src, _ := b.reg(big, LocalRead|RemoteRead)
 		sink, _ := a.reg(big, LocalWrite|RemoteWrite)
 		px.hold(1 << 20)
+		return a, b, px, SendWR{ID: 1, Op: WRRead, Local: SGE{STag: sink.STag(), Len: big}, Remote: RemoteAddr{STag: src.STag()}}
+	}
+	t.Run("second-read", func(t *testing.T) {
+		a, b, px, read := outstanding(t)
+		sink, src := read.Local.STag, read.Remote.STag
 		// One list: the Terminate may come back before a later PostSend.
-		if n, err := a.qp.PostSend(
-			SendWR{ID: 1, Op: WRRead, Local: SGE{STag: sink.STag(), Len: big}, Remote: RemoteAddr{STag: src.STag()}},
-			SendWR{ID: 2, Op: WRRead, Local: SGE{STag: sink.STag(), Len: 16}, Remote: RemoteAddr{STag: src.STag().WithKey(src.STag().Key() ^ 1)}},
-			SendWR{ID: 3, Op: WRRead, Local: SGE{STag: sink.STag(), Len: 16}, Remote: RemoteAddr{STag: src.STag()}}); n != 3 || err != nil {
+		if n, err := a.qp.PostSend(read,
+			SendWR{ID: 2, Op: WRRead, Local: SGE{STag: sink, Len: 16}, Remote: RemoteAddr{STag: src.WithKey(src.Key() ^ 1)}},
+			SendWR{ID: 3, Op: WRRead, Local: SGE{STag: sink, Len: 16}, Remote: RemoteAddr{STag: src}}); n != 3 || err != nil {
 			t.Fatalf("posted %d: %v", n, err)
 		}
 		b.waitEvent(EventIRRQInvalidSTag)
@@ -728,13 +733,9 @@ func TestTerminateBlamesTheRightWR(t *testing.T) {
 		}
 	})
 	t.Run("write-with-read-outstanding", func(t *testing.T) {
-		var px *proxy
-		a, b := newPair(t, pairOpts{proxy: &px}, nil)
-		src, _ := b.reg(big, LocalRead|RemoteRead)
-		sink, _ := a.reg(big, LocalWrite|RemoteWrite)
+		a, b, px, read := outstanding(t)
 		wsrc, _ := a.reg(64, LocalRead)
-		px.hold(1 << 20)
-		a.post(SendWR{ID: 1, Op: WRRead, Local: SGE{STag: sink.STag(), Len: big}, Remote: RemoteAddr{STag: src.STag()}})
+		a.post(read)
 		a.post(SendWR{ID: 2, Op: WRWrite, SGL: []SGE{{STag: wsrc.STag(), Len: 64}}, Remote: RemoteAddr{STag: 0x00ABCD01}})
 		b.waitEvent(EventInvalidSTag)
 		px.unhold()
@@ -749,14 +750,10 @@ func TestTerminateBlamesTheRightWR(t *testing.T) {
 		}
 	})
 	t.Run("second-atomic", func(t *testing.T) {
-		var px *proxy
-		a, b := newPair(t, pairOpts{proxy: &px}, nil)
-		src, _ := b.reg(big, LocalRead|RemoteRead)
+		a, b, px, read := outstanding(t)
 		word, _ := b.reg(64, LocalWrite|RemoteAtomic)
-		sink, _ := a.reg(big, LocalWrite|RemoteWrite)
 		res, _ := a.reg(16, LocalWrite)
-		px.hold(1 << 20)
-		a.post(SendWR{ID: 1, Op: WRRead, Local: SGE{STag: sink.STag(), Len: big}, Remote: RemoteAddr{STag: src.STag()}})
+		a.post(read)
 		a.post(SendWR{ID: 2, Op: WRFetchAdd, Local: SGE{STag: res.STag(), Len: 8}, Remote: RemoteAddr{STag: word.STag(), TO: 4}, AddSwap: 1})
 		b.waitEvent(EventMisalignedAtomic)
 		px.unhold()

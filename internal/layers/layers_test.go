@@ -50,8 +50,9 @@ var layers = []layer{
 
 	{pkg: "store", rank: 5, rdmaFree: true},
 	{pkg: "store/storetest", rank: 5, rdmaFree: true, testOnly: true},
-	{pkg: "internal/rbd", rank: 5, rdmaFree: true},                      // the Ceph RBD backend
-	{pkg: "internal/cephtest", rank: 5, rdmaFree: true, testOnly: true}, // a Ceph cluster for rbd's tests
+	{pkg: "store/rbdtest", rank: 60, testOnly: true},                    // the rbd backend under real targets and initiators
+	{pkg: "internal/rbd", rank: 3, rdmaFree: true},                      // the Ceph RBD client store builds its rbd backend on
+	{pkg: "internal/cephtest", rank: 3, rdmaFree: true, testOnly: true}, // a Ceph cluster for rbd's tests
 	{pkg: "internal/linuxvm", rank: 0, rdmaFree: true, testOnly: true},  // builds and boots the Linux peer VM: nothing of RDMA
 }
 
@@ -219,7 +220,7 @@ func TestCheckRefuses(t *testing.T) {
 		{from: "store", to: "blockproto", test: true},
 		{from: "rnic", to: "internal/rawpeer"}, // test-only, from a non-test file
 		{from: "target", to: "store/storetest"},
-		{from: "store", to: "internal/rbd"}, // same level, neither a test helper
+		{from: "internal/rbd", to: "store"},
 		{from: "rnic/mpa", to: "internal/wiretest"},
 		{from: "rnic/mpa", to: "rnic", test: true},
 		{from: "target", to: "cmd/rtarget", test: true},

@@ -146,11 +146,11 @@ func TestHostileHost(t *testing.T) {
 			if err := h.io[0].waitLost(5 * time.Second); err != nil {
 				t.Fatal(err)
 			}
-			term := h.io[0].qp.Query().Terminate
-			if term == nil || !term.Local {
-				t.Fatalf("the host's RNIC sent no Terminate: %+v", term)
+			qi := h.io[0].qp.Query()
+			if qi.Terminate == nil || !qi.TerminateSent {
+				t.Fatalf("the host's RNIC sent no Terminate: %+v", qi.Terminate)
 			}
-			t.Logf("host Terminate: %v", term.Fields.Cause)
+			t.Logf("host Terminate: %v", qi.Terminate.Cause)
 			intact(t, &testHost{io: []*hostQueue{h.io[1]}})
 		})
 	}
@@ -329,9 +329,9 @@ func TestHostileConnect(t *testing.T) {
 		if err := q.waitLost(5 * time.Second); err != nil {
 			t.Fatal(err)
 		}
-		term := q.qp.Query().Terminate
-		if term == nil || term.Local {
-			t.Fatalf("the target sent no Terminate: %+v", term)
+		qi := q.qp.Query()
+		if qi.Terminate == nil || qi.TerminateSent {
+			t.Fatalf("the target sent no Terminate: %+v", qi.Terminate)
 		}
 	})
 }

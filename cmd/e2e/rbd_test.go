@@ -230,8 +230,9 @@ func TestRBDFailoverStop(t *testing.T) {
 	if !strings.Contains(b.p.output(), "took the volume over") {
 		t.Fatalf("the second gateway did not break the first one's lock:\n%s", b.p.output())
 	}
-	t.Logf("gateway A after SIGCONT: %d volume(s) fenced; gateway B log: %s", a.metric(t, "rtarget_volumes_fenced_total"),
-		lineWith(b.p.output(), "took the volume over"))
+	t.Logf("gateway A after SIGCONT: %d volume(s) fenced: %s", a.metric(t, "rtarget_volumes_fenced_total"),
+		lineWith(a.p.output(), "volume fenced"))
+	t.Logf("gateway B: %s", lineWith(b.p.output(), "took the volume over"))
 }
 
 func lineWith(s, sub string) string {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/rnic-dev/rnic/internal/rbd"
 )
@@ -32,6 +33,10 @@ type rbdHead struct {
 	epoch   uint64
 	durable uint64
 	size    atomic.Uint64 // bytes
+	// sizeAt is when size was last read from librbd (unix ns): a resize
+	// another client asked for is carried out by this handle (it owns the
+	// lock), so librbd knows the new size; size follows within a second.
+	sizeAt atomic.Int64
 
 	// A request within one RADOS object is atomic by itself (RADOS applies
 	// an operation on one object atomically and in order); one spanning
@@ -246,7 +251,16 @@ var _ devFencer = (*rbdDevice)(nil)
 func (d *rbdDevice) fencingEpoch() uint64 { return d.h.epoch }
 func (d *rbdDevice) durableID() uint64    { return d.h.durable }
 
-func (d *rbdDevice) blocks() uint64 { return d.h.size.Load() / BlockSize }
+func (d *rbdDevice) blocks() uint64 {
+	h := d.h
+	if now := time.Now().UnixNano(); now-h.sizeAt.Load() > int64(time.Second) {
+		h.sizeAt.Store(now)
+		if size, err := h.img.Size(); err == nil {
+			h.size.Store(size)
+		}
+	}
+	return h.size.Load() / BlockSize
+}
 
 func (d *rbdDevice) read(_ context.Context, lba uint64, dst []byte) error {
 	off := lba * BlockSize

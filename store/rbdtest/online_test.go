@@ -1,0 +1,70 @@
+//go:build ceph
+
+package rbdtest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/rnic-dev/rnic/store"
+	"github.com/rnic-dev/rnic/store/storetest"
+)
+
+// TestRBDOnlineManagement: while one store (a gateway) serves a volume,
+// another (the volume commands, another process) snapshots, grows and
+// clones it: librbd hands those to the lock owner, which carries them out.
+// The serving handle sees the new size within a second. A rollback needs
+// the volume closed: ErrBusy.
+func TestRBDOnlineManagement(t *testing.T) {
+	gw, spec := freshStore(t)
+	ctx := context.Background()
+	if _, err := gw.CreateVolume(ctx, "vol", 4<<20, store.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := gw.OpenVolume(ctx, "vol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	data := storetest.Pattern(0, 16, 1)
+	if err := v.WriteBlocks(ctx, 0, data, false); err != nil {
+		t.Fatal(err)
+	}
+	cli := openStore(t, spec)
+	if _, err := cli.CreateSnapshot(ctx, "vol", "s"); err != nil {
+		t.Fatalf("snapshot of a served volume: %v", err)
+	}
+	if err := cli.ResizeVolume(ctx, "vol", 8<<20); err != nil {
+		t.Fatalf("grow of a served volume: %v", err)
+	}
+	if _, err := cli.Clone(ctx, "vol", "s", "kid", store.CreateOptions{}); err != nil {
+		t.Fatalf("clone of a served volume's snapshot: %v", err)
+	}
+	if err := cli.Rollback(ctx, "vol", "s"); !errors.Is(err, store.ErrBusy) {
+		t.Fatalf("rollback of a served volume: %v, want ErrBusy", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for v.Info().Size != 8<<20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the serving handle still reports %d bytes", v.Info().Size)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := v.WriteBlocks(ctx, (8<<20)/store.BlockSize-1, storetest.Pattern(0, 1, 2), false); err != nil {
+		t.Fatalf("write to the grown end: %v", err)
+	}
+	k, err := cli.OpenVolume(ctx, "kid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	got := make([]byte, len(data))
+	if err := k.ReadBlocks(ctx, 0, got); err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(data) {
+		t.Fatal("the clone does not hold the snapshot's data")
+	}
+}

@@ -1,0 +1,254 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Raw volumes: an existing file or block device served as it is, block n
+// at byte n*BlockSize, with pread and pwrite. The store keeps only the
+// record; deleting the volume forgets it and leaves the file alone.
+
+// rawSize returns the size of a raw file or device in whole blocks, in
+// bytes.
+func rawSize(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, fmt.Errorf("raw: %w", err)
+	}
+	defer f.Close()
+	return rawFileSize(f)
+}
+
+func rawFileSize(f *os.File) (int64, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("raw: %w", err)
+	}
+	var size int64
+	switch {
+	case fi.Mode().IsRegular():
+		size = fi.Size()
+	case fi.Mode()&os.ModeDevice != 0 && fi.Mode()&os.ModeCharDevice == 0:
+		n, err := f.Seek(0, 2)
+		if err != nil {
+			return 0, fmt.Errorf("raw: size of %s: %w", f.Name(), err)
+		}
+		size = n
+	default:
+		return 0, fmt.Errorf("raw: %s is neither a regular file nor a block device: %w", f.Name(), ErrInvalid)
+	}
+	size -= size % BlockSize
+	if size <= 0 {
+		return 0, fmt.Errorf("raw: %s holds no whole block: %w", f.Name(), ErrInvalid)
+	}
+	return size, nil
+}
+
+// rawAllocated returns the bytes a raw file occupies on disk (a device:
+// its size).
+func rawAllocated(path string) (int64, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0, fmt.Errorf("raw: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return rawSize(path)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Blocks * 512, nil
+	}
+	return fi.Size(), nil
+}
+
+// rawDevice is an open raw volume, shared by its handles.
+type rawDevice struct {
+	b       *thinBackend
+	id      uint32
+	handles int // thinBackend.volsMu
+
+	f      *os.File
+	fd     int
+	n      uint64 // blocks
+	device bool   // a block device, not a regular file
+	locks  clusterLocks
+}
+
+// rawLockBlocks is the unit of rawDevice's request locks.
+const rawLockBlocks = 16
+
+func (b *thinBackend) openRaw(rec *thinRecord) (*rawDevice, error) {
+	b.volsMu.Lock()
+	defer b.volsMu.Unlock()
+	if d := b.raws[rec.ID]; d != nil {
+		d.handles++
+		return d, nil
+	}
+	f, err := os.OpenFile(rec.RawPath, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("raw volume %q: %w", rec.Name, err)
+	}
+	size, err := rawFileSize(f)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	fi, _ := f.Stat()
+	d := &rawDevice{b: b, id: rec.ID, handles: 1, f: f, fd: int(f.Fd()), n: uint64(size) / BlockSize, device: !fi.Mode().IsRegular()}
+	b.raws[rec.ID] = d
+	return d, nil
+}
+
+func (d *rawDevice) blocks() uint64 { return d.n }
+
+func (d *rawDevice) release() error {
+	d.b.volsMu.Lock()
+	defer d.b.volsMu.Unlock()
+	if d.handles--; d.handles > 0 {
+		return nil
+	}
+	delete(d.b.raws, d.id)
+	return d.f.Close()
+}
+
+func (d *rawDevice) lock(lba, count uint64, excl bool) lockedClusters {
+	return d.locks.lock(lba/rawLockBlocks, (lba+count-1)/rawLockBlocks, excl)
+}
+
+func (d *rawDevice) read(_ context.Context, lba uint64, dst []byte) error {
+	l := d.lock(lba, uint64(len(dst))/BlockSize, false)
+	defer l.unlock()
+	pos := int64(lba) * BlockSize
+	for len(dst) > 0 {
+		n, err := unix.Pread(d.fd, dst, pos)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("raw read at %d: %w", pos, err)
+		}
+		if n == 0 {
+			clear(dst) // the file shrank under us
+			return nil
+		}
+		dst, pos = dst[n:], pos+int64(n)
+	}
+	return nil
+}
+
+func (d *rawDevice) write(ctx context.Context, lba uint64, src []byte, fua bool) error {
+	l := d.lock(lba, uint64(len(src))/BlockSize, true)
+	pos := int64(lba) * BlockSize
+	var err error
+	for len(src) > 0 {
+		var n int
+		n, err = unix.Pwrite(d.fd, src, pos)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			err = fmt.Errorf("raw write at %d: %w", pos, err)
+			break
+		}
+		src, pos = src[n:], pos+int64(n)
+	}
+	l.unlock()
+	if err == nil && fua {
+		err = d.flush(ctx)
+	}
+	return err
+}
+
+func (d *rawDevice) discard(ctx context.Context, lba, count uint64, fua bool) error {
+	l := d.lock(lba, count, true)
+	pos, n := int64(lba)*BlockSize, int64(count)*BlockSize
+	err := unix.Fallocate(d.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, pos, n)
+	if err != nil && (errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTSUP)) {
+		err = d.writeZeros(pos, n)
+	}
+	l.unlock()
+	if err != nil {
+		return fmt.Errorf("raw discard at %d (%d bytes): %w", pos, n, err)
+	}
+	if fua {
+		return d.flush(ctx)
+	}
+	return nil
+}
+
+// writeZeros zeroes a range where punching holes is not supported.
+func (d *rawDevice) writeZeros(pos, n int64) error {
+	zeros := make([]byte, min(n, 1<<20))
+	for n > 0 {
+		k, err := unix.Pwrite(d.fd, zeros[:min(n, int64(len(zeros)))], pos)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		pos, n = pos+int64(k), n-int64(k)
+	}
+	return nil
+}
+
+func (d *rawDevice) flush(context.Context) error {
+	if err := unix.Fdatasync(d.fd); err != nil {
+		return fmt.Errorf("raw fdatasync: %w", err)
+	}
+	return nil
+}
+
+// blockStatus reports a regular file's holes (SEEK_HOLE, SEEK_DATA); a
+// device is all data.
+func (d *rawDevice) blockStatus(ctx context.Context, lba, count uint64, fn func(Extent) bool) error {
+	r := extentRun{fn: fn}
+	end := int64(lba+count) * BlockSize
+	pos := int64(lba) * BlockSize
+	if d.device {
+		r.add(lba, count, false)
+		r.done()
+		return nil
+	}
+	for pos < end {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		data, err := unix.Seek(d.fd, pos, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			data = end // a hole to the end of the file
+		} else if err != nil {
+			return fmt.Errorf("raw SEEK_DATA: %w", err)
+		}
+		data = min(max(data, pos), end)
+		// Holes and data are reported in whole blocks: a block with any
+		// data counts as data.
+		holeEnd := data / BlockSize * BlockSize
+		if holeEnd > pos && !r.add(uint64(pos/BlockSize), uint64((holeEnd-pos)/BlockSize), true) {
+			return nil
+		}
+		pos = max(pos, holeEnd)
+		if pos >= end {
+			break
+		}
+		hole, err := unix.Seek(d.fd, pos, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("raw SEEK_HOLE: %w", err)
+		}
+		dataEnd := min(end, (hole+BlockSize-1)/BlockSize*BlockSize)
+		if dataEnd <= pos {
+			dataEnd = pos + BlockSize
+		}
+		if !r.add(uint64(pos/BlockSize), uint64((dataEnd-pos)/BlockSize), false) {
+			return nil
+		}
+		pos = dataEnd
+	}
+	r.done()
+	return nil
+}

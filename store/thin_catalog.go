@@ -1,0 +1,613 @@
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// Volume records of the thin store: create, look up, list, delete, resize.
+
+func (b *thinBackend) getRecord(txn *badger.Txn, name string) (*thinRecord, error) {
+	item, err := txn.Get(thinVolumeKey(name))
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return nil, ErrNotFound
+	} else if err != nil {
+		return nil, err
+	}
+	var rec *thinRecord
+	err = item.Value(func(v []byte) error {
+		rec, err = decodeThinRecord(name, v)
+		return err
+	})
+	return rec, err
+}
+
+func (b *thinBackend) recordByID(txn *badger.Txn, id uint32) (*thinRecord, error) {
+	item, err := txn.Get(idKey(tkVolumeID, id))
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return nil, fmt.Errorf("volume id %d: %w", id, ErrNotFound)
+	} else if err != nil {
+		return nil, err
+	}
+	name, err := item.ValueCopy(nil)
+	if err != nil {
+		return nil, err
+	}
+	return b.getRecord(txn, string(name))
+}
+
+func (b *thinBackend) putRecord(txn *badger.Txn, rec *thinRecord) error {
+	v, err := encodeThinRecord(rec)
+	if err != nil {
+		return err
+	}
+	if err := txn.Set(thinVolumeKey(rec.Name), v); err != nil {
+		return err
+	}
+	return txn.Set(idKey(tkVolumeID, rec.ID), []byte(rec.Name))
+}
+
+// records returns every volume record.
+func (b *thinBackend) records(txn *badger.Txn) ([]*thinRecord, error) {
+	var out []*thinRecord
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{tkVolume}, PrefetchValues: true, PrefetchSize: 16})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		item := it.Item()
+		name := string(item.Key()[1:])
+		err := item.Value(func(v []byte) error {
+			rec, err := decodeThinRecord(name, v)
+			out = append(out, rec)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// update runs fn in a metadata transaction (metaMu held) and makes it
+// durable.
+func (b *thinBackend) update(fn func(txn *badger.Txn) error) error {
+	b.metaMu.Lock()
+	defer b.metaMu.Unlock()
+	if err := b.checkFailed(); err != nil {
+		return err
+	}
+	if err := b.db.Update(fn); err != nil {
+		return err
+	}
+	return b.syncMeta()
+}
+
+// newVolumeID assigns the id of new volume name, or fails with ErrExists.
+func (b *thinBackend) newVolumeID(txn *badger.Txn, name string) (uint32, error) {
+	if _, err := b.getRecord(txn, name); err == nil {
+		return 0, ErrExists
+	} else if !errors.Is(err, ErrNotFound) {
+		return 0, err
+	}
+	return newID(txn)
+}
+
+// newID assigns the next volume id.
+func newID(txn *badger.Txn) (uint32, error) {
+	var last uint32
+	item, err := txn.Get(thinLastIDKey)
+	switch {
+	case err == nil:
+		v, err := item.ValueCopy(nil)
+		if err != nil {
+			return 0, err
+		}
+		if len(v) != 4 {
+			return 0, fmt.Errorf("volume id counter is %d bytes: %w", len(v), ErrCorrupt)
+		}
+		last = binary.BigEndian.Uint32(v)
+	case !errors.Is(err, badger.ErrKeyNotFound):
+		return 0, err
+	}
+	if last == math.MaxUint32 {
+		return 0, fmt.Errorf("volume ids exhausted: %w", ErrInvalid)
+	}
+	return last + 1, txn.Set(thinLastIDKey, binary.BigEndian.AppendUint32(nil, last+1))
+}
+
+func (b *thinBackend) createVolume(_ context.Context, info VolumeInfo, opts CreateOptions) (VolumeInfo, error) {
+	rec := &thinRecord{Name: info.Name, Kind: KindThin, Size: info.Size, Created: info.Created, Meta: info.Meta, Epoch: 1}
+	if opts.Raw != "" {
+		size, err := rawSize(opts.Raw)
+		if err != nil {
+			return VolumeInfo{}, err
+		}
+		if info.Size != 0 && info.Size != size {
+			return VolumeInfo{}, fmt.Errorf("raw %s has %d bytes, not %d: %w", opts.Raw, size, info.Size, ErrInvalid)
+		}
+		rec.Kind, rec.RawPath, rec.Size = KindRaw, opts.Raw, size
+	}
+	b.catalogMu.Lock()
+	defer b.catalogMu.Unlock()
+	err := b.update(func(txn *badger.Txn) error {
+		id, err := b.newVolumeID(txn, rec.Name)
+		if err != nil {
+			return err
+		}
+		rec.ID = id
+		return b.putRecord(txn, rec)
+	})
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	return rec.info(), nil
+}
+
+func (b *thinBackend) record(name string) (*thinRecord, error) {
+	var rec *thinRecord
+	err := b.db.View(func(txn *badger.Txn) error {
+		var err error
+		rec, err = b.getRecord(txn, name)
+		return err
+	})
+	return rec, err
+}
+
+func (b *thinBackend) getVolume(_ context.Context, name string) (VolumeInfo, error) {
+	rec, err := b.record(name)
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	return b.describe(nil, rec), nil
+}
+
+// describe returns a record's identity fields; with txn set, the name of a
+// clone's origin too.
+func (b *thinBackend) describe(txn *badger.Txn, rec *thinRecord) VolumeInfo {
+	info := rec.info()
+	if txn != nil && rec.Origin != nil {
+		if o, err := b.recordByID(txn, rec.Origin.ID); err == nil {
+			if s := o.snapByEpoch(rec.Origin.Epoch); s != nil {
+				info.Origin = o.Name + "@" + s.Name
+			}
+		}
+	}
+	return info
+}
+
+func (b *thinBackend) statVolume(ctx context.Context, name string) (VolumeInfo, error) {
+	if err := b.committer.Sync(ctx); err != nil {
+		return VolumeInfo{}, err
+	}
+	var info VolumeInfo
+	err := b.db.View(func(txn *badger.Txn) error {
+		rec, err := b.getRecord(txn, name)
+		if err != nil {
+			return err
+		}
+		all, err := b.records(txn)
+		if err != nil {
+			return err
+		}
+		info, err = b.stat(ctx, txn, rec, all)
+		return err
+	})
+	return info, err
+}
+
+func (b *thinBackend) listVolumes(ctx context.Context) ([]VolumeInfo, error) {
+	if err := b.committer.Sync(ctx); err != nil {
+		return nil, err
+	}
+	var infos []VolumeInfo
+	err := b.db.View(func(txn *badger.Txn) error {
+		all, err := b.records(txn)
+		if err != nil {
+			return err
+		}
+		for _, rec := range all {
+			info, err := b.stat(ctx, txn, rec, all)
+			if err != nil {
+				return err
+			}
+			infos = append(infos, info)
+		}
+		return nil
+	})
+	return infos, err
+}
+
+// stat describes a volume with its space figures and snapshots, from the
+// committed metadata.
+func (b *thinBackend) stat(ctx context.Context, txn *badger.Txn, rec *thinRecord, all []*thinRecord) (VolumeInfo, error) {
+	info := b.describe(txn, rec)
+	if rec.Kind == KindRaw {
+		n, err := rawAllocated(rec.RawPath)
+		if err != nil {
+			return VolumeInfo{}, err
+		}
+		info.Allocated, info.Exclusive = n, n
+		return info, nil
+	}
+	latest := rec.latest()
+	var alloc, excl int64
+	err := scanEntries(ctx, txn, idKey(tkMap, rec.ID), func(_ uint64, e entry) error {
+		if e.phys() != 0 {
+			alloc++
+			if !e.counted() && e.birth() > latest {
+				excl++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	info.Allocated, info.Exclusive = alloc*b.cs, excl*b.cs
+	info.Snapshots = []SnapshotInfo{}
+	var pred *thinSnap
+	for i := range rec.Snapshots {
+		s := &rec.Snapshots[i]
+		if s.Deleting {
+			continue
+		}
+		n, err := b.snapExclusive(ctx, txn, rec.ID, s, pred)
+		if err != nil {
+			return VolumeInfo{}, err
+		}
+		info.Snapshots = append(info.Snapshots, SnapshotInfo{Name: s.Name, Created: s.Created, Size: s.Size,
+			Exclusive: n * b.cs, Clones: clonesOf(all, rec.ID, s.Epoch)})
+		pred = s
+	}
+	return info, nil
+}
+
+// snapExclusive counts the clusters only snapshot s holds: those of its
+// delta that its predecessor does not read through (it has the cluster in
+// its own delta, or there is none) and that have no other reference.
+func (b *thinBackend) snapExclusive(ctx context.Context, txn *badger.Txn, id uint32, s, pred *thinSnap) (int64, error) {
+	var n int64
+	err := scanEntries(ctx, txn, deltaPrefix(id, s.Epoch), func(c uint64, e entry) error {
+		if e.phys() == 0 {
+			return nil
+		}
+		if pred != nil {
+			if _, found, err := getEntry(txn, deltaKey(id, pred.Epoch, c)); err != nil || !found {
+				return err
+			}
+		}
+		if _, err := txn.Get(refKey(e.phys())); err == nil {
+			return nil
+		} else if !errors.Is(err, badger.ErrKeyNotFound) {
+			return err
+		}
+		n++
+		return nil
+	})
+	return n, err
+}
+
+// scanEntries calls fn for every map or delta entry under prefix.
+func scanEntries(ctx context.Context, txn *badger.Txn, prefix []byte, fn func(c uint64, e entry) error, keys ...*[][]byte) error {
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 256})
+	defer it.Close()
+	i := 0
+	for it.Rewind(); it.Valid(); it.Next() {
+		if i++; i%4096 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		item := it.Item()
+		var e uint64
+		err := item.Value(func(v []byte) error {
+			var err error
+			e, err = getU64("map entry", v)
+			return err
+		})
+		if err == nil {
+			err = fn(keyCluster(item.Key()), entry(e))
+		}
+		if err != nil {
+			return err
+		}
+		for _, k := range keys {
+			*k = append(*k, item.KeyCopy(nil))
+		}
+	}
+	return nil
+}
+
+// errStopScan ends a scanEntries early.
+var errStopScan = errors.New("stop scan")
+
+// clonesOf returns the names of the volumes cloned from snapshot epoch of
+// volume id, sorted.
+func clonesOf(all []*thinRecord, id, epoch uint32) []string {
+	var out []string
+	for _, r := range all {
+		if r.Origin != nil && r.Origin.ID == id && r.Origin.Epoch == epoch {
+			out = append(out, r.Name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// dependents fails with ErrHasDependents if a snapshot of rec (of epoch
+// only, when not 0) has clones.
+func (b *thinBackend) dependents(txn *badger.Txn, rec *thinRecord, only uint32) error {
+	all, err := b.records(txn)
+	if err != nil {
+		return err
+	}
+	for _, s := range rec.Snapshots {
+		if only != 0 && s.Epoch != only {
+			continue
+		}
+		if cl := clonesOf(all, rec.ID, s.Epoch); len(cl) > 0 {
+			return fmt.Errorf("snapshot %q has clones %v: %w", s.Name, cl, ErrHasDependents)
+		}
+	}
+	return nil
+}
+
+func (b *thinBackend) deleteVolume(ctx context.Context, info VolumeInfo) error {
+	b.catalogMu.Lock()
+	defer b.catalogMu.Unlock()
+	if err := b.committer.Sync(ctx); err != nil {
+		return err
+	}
+	var rec *thinRecord
+	err := b.update(func(txn *badger.Txn) error {
+		var err error
+		if rec, err = b.getRecord(txn, info.Name); err != nil {
+			return err
+		}
+		if rec.ID != info.ID {
+			return fmt.Errorf("volume %q was recreated: %w", info.Name, ErrNotFound)
+		}
+		if err := b.dependents(txn, rec, 0); err != nil {
+			return err
+		}
+		if err := txn.Delete(thinVolumeKey(rec.Name)); err != nil {
+			return err
+		}
+		if err := txn.Delete(idKey(tkVolumeID, rec.ID)); err != nil {
+			return err
+		}
+		return txn.Set(idKey(tkReap, rec.ID), nil)
+	})
+	if err != nil {
+		return err
+	}
+	return b.reap(rec.ID)
+}
+
+// reap releases the map and deltas of deleted volume id, in transactions
+// of bounded size, then its marker. A crash in between leaves the marker:
+// the next open goes on.
+func (b *thinBackend) reap(id uint32) error {
+	for _, prefix := range [][]byte{idKey(tkMap, id), idKey(tkDelta, id)} {
+		for {
+			more, err := b.releaseKeys(prefix)
+			if err != nil {
+				return fmt.Errorf("release the data of deleted volume %d: %w", id, err)
+			}
+			if !more {
+				break
+			}
+		}
+	}
+	return b.update(func(txn *badger.Txn) error { return txn.Delete(idKey(tkReap, id)) })
+}
+
+// releaseKeys deletes up to a batch of entries under prefix, dropping the
+// references they hold. It reports whether entries remain.
+func (b *thinBackend) releaseKeys(prefix []byte) (more bool, err error) {
+	err = b.metaStep(func(txn *badger.Txn, drop func(p uint64) error) error {
+		var keys [][]byte
+		err := scanEntries(context.Background(), txn, prefix, func(_ uint64, e entry) error {
+			if len(keys) == b.batchCap {
+				more = true
+				return errStopScan
+			}
+			return drop(e.phys())
+		}, &keys)
+		if err != nil && !errors.Is(err, errStopScan) {
+			return err
+		}
+		return deleteKeys(txn, keys)
+	})
+	return more, err
+}
+
+func deleteKeys(txn *badger.Txn, keys [][]byte) error {
+	for _, k := range keys {
+		if err := txn.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// metaStep runs fn in one metadata transaction and makes it durable. drop
+// releases one reference to a cluster (0: none); the clusters that lose
+// their last one become free ranges in the same transaction, and holes
+// that can be handed out again after it.
+func (b *thinBackend) metaStep(fn func(txn *badger.Txn, drop func(p uint64) error) error) error {
+	b.metaMu.Lock()
+	var freed []uint64
+	err := b.db.Update(func(txn *badger.Txn) error {
+		drop := func(p uint64) error {
+			if p == 0 {
+				return nil
+			}
+			gone, err := decref(txn, p)
+			if gone {
+				freed = append(freed, p)
+			}
+			return err
+		}
+		if err := fn(txn, drop); err != nil {
+			return err
+		}
+		for _, p := range freed {
+			b.durable.add(p, p+1)
+		}
+		return b.putRanges(txn)
+	})
+	if err == nil {
+		err = b.syncMeta()
+	}
+	b.metaMu.Unlock()
+	if err != nil {
+		return b.fail(err)
+	}
+	return b.release(freed)
+}
+
+func (b *thinBackend) resizeVolume(ctx context.Context, info VolumeInfo, size int64, _ bool) error {
+	b.catalogMu.Lock()
+	defer b.catalogMu.Unlock()
+	rec, err := b.record(info.Name)
+	if err != nil {
+		return err
+	}
+	if rec.Kind == KindRaw {
+		return fmt.Errorf("a raw volume has its file's size: %w", ErrNotSupported)
+	}
+	if size < rec.Size {
+		// The blocks past the new end go first, through the data path (it
+		// knows shared clusters and partial ones).
+		v, err := b.acquireVol(ctx, rec.Name)
+		if err != nil {
+			return err
+		}
+		d := &thinDevice{v: v}
+		err = d.discard(ctx, uint64(size)/BlockSize, uint64(rec.Size-size)/BlockSize, true)
+		b.releaseVol(v)
+		if err != nil {
+			return err
+		}
+	}
+	b.volsMu.Lock()
+	defer b.volsMu.Unlock()
+	err = b.update(func(txn *badger.Txn) error {
+		rec, err := b.getRecord(txn, info.Name)
+		if err != nil {
+			return err
+		}
+		rec.Size = size
+		return b.putRecord(txn, rec)
+	})
+	if err != nil {
+		return err
+	}
+	if v := b.vols[rec.ID]; v != nil {
+		v.m.grow(b.clusters(size))
+		v.size.Store(uint64(size) / BlockSize)
+	}
+	return nil
+}
+
+func (b *thinBackend) setMeta(_ context.Context, info VolumeInfo, meta map[string]string) error {
+	b.catalogMu.Lock()
+	defer b.catalogMu.Unlock()
+	return b.update(func(txn *badger.Txn) error {
+		rec, err := b.getRecord(txn, info.Name)
+		if err != nil {
+			return err
+		}
+		rec.Meta = meta
+		return b.putRecord(txn, rec)
+	})
+}
+
+func (b *thinBackend) open(ctx context.Context, info VolumeInfo, snap string) (blockDevice, VolumeInfo, error) {
+	var rec *thinRecord
+	var vi VolumeInfo
+	err := b.db.View(func(txn *badger.Txn) error {
+		var err error
+		rec, err = b.getRecord(txn, info.Name)
+		vi = b.describe(txn, rec)
+		return err
+	})
+	if err != nil {
+		return nil, VolumeInfo{}, err
+	}
+	if snap != "" {
+		s, err := rec.snap(snap)
+		if err != nil {
+			return nil, VolumeInfo{}, err
+		}
+		vi.Name, vi.Size, vi.Created, vi.ReadOnly = rec.Name+"@"+snap, s.Size, s.Created, true
+		return b.openSnapshot(rec, s), vi, nil
+	}
+	if rec.Kind == KindRaw {
+		d, err := b.openRaw(rec)
+		return d, vi, err
+	}
+	v, err := b.acquireVol(ctx, rec.Name)
+	if err != nil {
+		return nil, VolumeInfo{}, err
+	}
+	return &thinDevice{v: v}, vi, nil
+}
+
+// acquireVol returns the state of a thin volume, loading it for its first
+// handle.
+func (b *thinBackend) acquireVol(ctx context.Context, name string) (*thinVol, error) {
+	b.volsMu.Lock()
+	defer b.volsMu.Unlock()
+	rec, err := b.record(name)
+	if err != nil {
+		return nil, err
+	}
+	if v := b.vols[rec.ID]; v != nil {
+		v.handles++
+		return v, nil
+	}
+	// Whatever the batch holds of the volume (from handles closed since)
+	// goes to the database first, so the map read is current.
+	if err := b.committer.Sync(ctx); err != nil {
+		return nil, err
+	}
+	b.metaMu.Lock()
+	defer b.metaMu.Unlock()
+	if rec, err = b.record(name); err != nil {
+		return nil, err
+	}
+	v, err := b.loadVol(rec)
+	if err != nil {
+		return nil, err
+	}
+	v.handles = 1
+	b.vols[rec.ID] = v
+	return v, nil
+}
+
+func (b *thinBackend) releaseVol(v *thinVol) {
+	b.volsMu.Lock()
+	defer b.volsMu.Unlock()
+	if v.handles--; v.handles == 0 {
+		delete(b.vols, v.id)
+	}
+}
+
+// liveSnapshots returns the names of a record's snapshots, oldest first.
+func liveSnapshots(rec *thinRecord) []string {
+	var out []string
+	for _, s := range rec.Snapshots {
+		if !s.Deleting {
+			out = append(out, s.Name)
+		}
+	}
+	return slices.Clip(out)
+}

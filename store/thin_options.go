@@ -1,0 +1,87 @@
+package store
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/dgraph-io/badger/v4/options"
+)
+
+// ThinOptions configures OpenThin. The zero value is the default.
+type ThinOptions struct {
+	// Logger receives the store's and badger's messages; nil means
+	// slog.Default().
+	Logger *slog.Logger
+	// ClusterSize is the allocation and copy-on-write unit of a new store,
+	// a power of two from 4 KiB to 4 MiB; 0 means DefaultClusterSize. An
+	// existing store keeps the size it was created with.
+	ClusterSize int64
+	// CommitInterval bounds how long map changes of writes not yet flushed
+	// stay in memory before they are committed anyway; 0 means one second.
+	CommitInterval time.Duration
+	// MemTableSize is the size of one badger memtable; 0 means 16 MiB.
+	MemTableSize int64
+}
+
+// DefaultClusterSize is the cluster size of a new thin store (see doc.go
+// for the measurement that chose it).
+const DefaultClusterSize = 64 << 10
+
+const (
+	minClusterSize        = BlockSize
+	maxClusterSize        = 4 << 20
+	defaultCommitInterval = time.Second
+	defaultThinMemTable   = 16 << 20
+)
+
+func (o ThinOptions) withDefaults() ThinOptions {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.ClusterSize == 0 {
+		o.ClusterSize = DefaultClusterSize
+	}
+	if o.CommitInterval == 0 {
+		o.CommitInterval = defaultCommitInterval
+	}
+	if o.MemTableSize == 0 {
+		o.MemTableSize = defaultThinMemTable
+	}
+	return o
+}
+
+func (o ThinOptions) validate() error {
+	switch {
+	case o.ClusterSize < minClusterSize || o.ClusterSize > maxClusterSize || o.ClusterSize&(o.ClusterSize-1) != 0:
+		return fmt.Errorf("ClusterSize %d: want a power of two in [%d, %d]: %w", o.ClusterSize, minClusterSize, maxClusterSize, ErrInvalid)
+	case o.CommitInterval < 0:
+		return fmt.Errorf("CommitInterval %v: %w", o.CommitInterval, ErrInvalid)
+	case o.MemTableSize < minMemTableSize:
+		return fmt.Errorf("MemTableSize %d below %d: %w", o.MemTableSize, minMemTableSize, ErrInvalid)
+	}
+	return nil
+}
+
+// badgerOptions are the metadata database's options: small entries, all in
+// the LSM tree, small caches.
+func (o ThinOptions) badgerOptions(dir string) badger.Options {
+	return badger.DefaultOptions(dir).
+		WithLogger(slogBadger{log: o.Logger.With("component", "badger"), min: slog.LevelWarn}).
+		WithSyncWrites(false). // durability comes from the commits' syncs
+		WithDetectConflicts(false).
+		WithMetricsEnabled(false). // badger's metrics are process-global expvars
+		WithCompression(options.None).
+		WithMemTableSize(o.MemTableSize).
+		WithNumMemtables(2).
+		WithNumLevelZeroTables(2).
+		WithNumLevelZeroTablesStall(8).
+		WithBlockCacheSize(8 << 20).
+		WithIndexCacheSize(8 << 20).
+		WithValueLogFileSize(64 << 20).
+		WithNumCompactors(2).
+		WithCompactL0OnClose(true).
+		WithNumGoroutines(2).
+		WithNumVersionsToKeep(1)
+}

@@ -1,0 +1,254 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// dataPool is the data files of a thin store: physical cluster p lives in
+// file p>>fileShift at offset (p & (1<<fileShift - 1)) * clusterSize. Files
+// are sparse; a free cluster is a hole (punched when freed). Cluster 0 of
+// file 0 holds the header naming the store, and is never allocated.
+type dataPool struct {
+	dir       string
+	cs        int64 // cluster size in bytes
+	fileShift uint  // log2 of the clusters per file
+
+	mu    sync.Mutex
+	files []*dataFile // by index; nil until opened
+}
+
+type dataFile struct {
+	fd    int
+	dirty atomic.Bool // written since its last fdatasync
+}
+
+// dataFileBytes is the size a data file grows to before the next begins.
+const dataFileBytes = 1 << 40
+
+func newDataPool(dir string, cs int64) *dataPool {
+	shift := uint(0)
+	for int64(1)<<shift*cs < dataFileBytes {
+		shift++
+	}
+	return &dataPool{dir: dir, cs: cs, fileShift: shift}
+}
+
+func (p *dataPool) path(i int) string {
+	return filepath.Join(p.dir, fmt.Sprintf("%06d.data", i))
+}
+
+// file returns data file i, opening (creating) it on first use.
+func (p *dataPool) file(i int) (*dataFile, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(p.files) <= i {
+		p.files = append(p.files, nil)
+	}
+	if f := p.files[i]; f != nil {
+		return f, nil
+	}
+	fd, err := unix.Open(p.path(i), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open data file: %w", &os.PathError{Op: "open", Path: p.path(i), Err: err})
+	}
+	f := &dataFile{fd: fd}
+	p.files[i] = f
+	return f, nil
+}
+
+// locate returns the file and byte offset of physical cluster c plus off,
+// and how many bytes from there lie in the same file.
+func (p *dataPool) locate(c uint64, off int64) (*dataFile, int64, int64, error) {
+	i := int(c >> p.fileShift)
+	f, err := p.file(i)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	pos := int64(c&(1<<p.fileShift-1))*p.cs + off
+	return f, pos, int64(1)<<p.fileShift*p.cs - pos, nil
+}
+
+// readAt fills dst from physical cluster c at byte off (dst may run into
+// the following clusters of the same file).
+func (p *dataPool) readAt(dst []byte, c uint64, off int64) error {
+	f, pos, room, err := p.locate(c, off)
+	if err != nil {
+		return err
+	}
+	if int64(len(dst)) > room {
+		return fmt.Errorf("read of %d bytes at cluster %d crosses a data file: %w", len(dst), c, ErrInvalid)
+	}
+	for len(dst) > 0 {
+		n, err := unix.Pread(f.fd, dst, pos)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return fmt.Errorf("read data file %d at %d: %w", c>>p.fileShift, pos, err)
+		}
+		if n == 0 {
+			clear(dst) // past the end of a sparse file
+			return nil
+		}
+		dst, pos = dst[n:], pos+int64(n)
+	}
+	return nil
+}
+
+// writeAt stores src at physical cluster c, byte off.
+func (p *dataPool) writeAt(src []byte, c uint64, off int64) error {
+	f, pos, room, err := p.locate(c, off)
+	if err != nil {
+		return err
+	}
+	if int64(len(src)) > room {
+		return fmt.Errorf("write of %d bytes at cluster %d crosses a data file: %w", len(src), c, ErrInvalid)
+	}
+	for len(src) > 0 {
+		n, err := unix.Pwrite(f.fd, src, pos)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return fmt.Errorf("write data file %d at %d: %w", c>>p.fileShift, pos, err)
+		}
+		src, pos = src[n:], pos+int64(n)
+	}
+	f.dirty.Store(true)
+	return nil
+}
+
+// punch makes n bytes at physical cluster c, byte off, a hole: they read as
+// zeros and take no space.
+func (p *dataPool) punch(c uint64, off, n int64) error {
+	f, pos, room, err := p.locate(c, off)
+	if err != nil {
+		return err
+	}
+	if n > room {
+		return fmt.Errorf("punch of %d bytes at cluster %d crosses a data file: %w", n, c, ErrInvalid)
+	}
+	for {
+		err = unix.Fallocate(f.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, pos, n)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("punch data file %d at %d (%d bytes): %w", c>>p.fileShift, pos, n, err)
+	}
+	f.dirty.Store(true)
+	return nil
+}
+
+// punchClusters punches whole clusters [start, end), one call per file.
+func (p *dataPool) punchClusters(start, end uint64) error {
+	for start < end {
+		next := min(end, (start>>p.fileShift+1)<<p.fileShift)
+		if err := p.punch(start, 0, int64(next-start)*p.cs); err != nil {
+			return err
+		}
+		start = next
+	}
+	return nil
+}
+
+// sync fdatasyncs every file written since its last sync. It reports
+// whether any was.
+func (p *dataPool) sync() (bool, error) {
+	p.mu.Lock()
+	files := append([]*dataFile(nil), p.files...)
+	p.mu.Unlock()
+	synced := false
+	for i, f := range files {
+		if f == nil || !f.dirty.Swap(false) {
+			continue
+		}
+		synced = true
+		if err := unix.Fdatasync(f.fd); err != nil {
+			f.dirty.Store(true)
+			return synced, fmt.Errorf("fdatasync data file %d: %w", i, err)
+		}
+	}
+	return synced, nil
+}
+
+// truncate cuts the data files to high clusters: what lies beyond was
+// written by allocations that were never committed.
+func (p *dataPool) truncate(high uint64) error {
+	entries, err := os.ReadDir(p.dir)
+	if err != nil {
+		return fmt.Errorf("data files: %w", err)
+	}
+	for _, e := range entries {
+		var i int
+		name := e.Name()
+		if len(name) != len("000000.data") || filepath.Ext(name) != ".data" {
+			continue
+		}
+		if i, err = strconv.Atoi(name[:6]); err != nil {
+			continue
+		}
+		first := uint64(i) << p.fileShift
+		path := filepath.Join(p.dir, name)
+		if high <= first && i > 0 {
+			if err := os.Remove(path); err != nil {
+				return fmt.Errorf("data files: %w", err)
+			}
+			continue
+		}
+		size := int64(min(high-first, uint64(1)<<p.fileShift)) * p.cs
+		f, err := p.file(i)
+		if err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(f.fd, &st); err != nil {
+			return fmt.Errorf("data files: stat %s: %w", path, err)
+		}
+		if st.Size > size {
+			if err := unix.Ftruncate(f.fd, size); err != nil {
+				return fmt.Errorf("data files: truncate %s: %w", path, err)
+			}
+			f.dirty.Store(true)
+		}
+	}
+	return fsyncPath(p.dir)
+}
+
+// allocatedBytes returns the bytes the data files occupy on disk.
+func (p *dataPool) allocatedBytes() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n int64
+	for _, f := range p.files {
+		var st unix.Stat_t
+		if f != nil && unix.Fstat(f.fd, &st) == nil {
+			n += st.Blocks * 512
+		}
+	}
+	return n
+}
+
+func (p *dataPool) close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for i, f := range p.files {
+		if f != nil {
+			if err := unix.Close(f.fd); err != nil {
+				errs = append(errs, fmt.Errorf("close data file %d: %w", i, err))
+			}
+		}
+	}
+	p.files = nil
+	return errors.Join(errs...)
+}

@@ -1,0 +1,400 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// The directory layout of a thin store: the metadata database and the data
+// files, next to the lock file.
+const (
+	thinMetaDir = "meta"
+	thinDataDir = "data"
+)
+
+// thinFormat is the format record of a thin store.
+type thinFormat struct {
+	Format      string `json:"format"`
+	Version     int    `json:"version"`
+	ClusterSize int64  `json:"cluster_size"`
+	UUID        string `json:"uuid"`
+}
+
+const (
+	thinFormatName    = "rnic-store thin"
+	thinFormatVersion = 1
+	dataHeaderMagic   = "RNICTHIN"
+)
+
+// ErrV1Store: the directory holds a store of the earlier format, with one
+// badger value per block. See doc.go (Migration).
+var ErrV1Store = errors.New("directory holds a v1 store (one badger value per block)")
+
+// thinBackend keeps volume data in the data files and everything else in a
+// badger database. See doc.go.
+type thinBackend struct {
+	dir  string
+	opts ThinOptions
+	log  *slog.Logger
+	db   *badger.DB
+	lock *dirLock
+	pool *dataPool
+	cs   int64  // cluster size in bytes
+	cb   uint64 // blocks per cluster
+
+	// metaMu serializes the transactions that change metadata: commits of
+	// the write batch and catalog changes. Order: volsMu, then a volume's
+	// ioLock, then metaMu.
+	metaMu sync.Mutex
+	// catalogMu serializes catalog operations (create, snapshot, clone,
+	// rollback, delete, resize) against each other.
+	catalogMu sync.Mutex
+
+	volsMu sync.Mutex
+	vols   map[uint32]*thinVol // volumes with open handles, by id
+	raws   map[uint32]*rawDevice
+
+	allocMu sync.Mutex
+	avail   rangeSet // free clusters that may be handed out
+	durable rangeSet // the free ranges as committed (metaMu)
+	high    uint64   // clusters ever handed out, the header included
+
+	batchMu  sync.Mutex
+	batch    *thinBatch
+	batchCap int // ops in a batch before writers commit it themselves
+
+	committer *syncGroup
+	syncs     atomic.Int64
+	failed    atomic.Pointer[error] // a commit that failed: the store refuses changes
+
+	bufs sync.Pool // cluster-sized buffers for copies
+
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// OpenThin opens (creating if needed) the thin store in directory dir: the
+// default store. Only one Store, in any process, may have a directory
+// open: a second fails with ErrLocked. A directory holding a v1 store is
+// refused with ErrV1Store.
+func OpenThin(dir string, opts ThinOptions) (Store, error) {
+	b, err := openThinBackend(dir, opts)
+	if err != nil {
+		return nil, fmt.Errorf("store: open %s: %w", dir, err)
+	}
+	return newVolumeStore(b), nil
+}
+
+// IsV1Store reports whether dir holds a v1 store.
+func IsV1Store(dir string) bool {
+	_, errManifest := os.Stat(filepath.Join(dir, "MANIFEST"))
+	_, errMeta := os.Stat(filepath.Join(dir, thinMetaDir))
+	return errManifest == nil && errors.Is(errMeta, os.ErrNotExist)
+}
+
+func openThinBackend(dir string, opts ThinOptions) (*thinBackend, error) {
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	if IsV1Store(dir) {
+		return nil, fmt.Errorf("%w: run rtarget volume migrate --data %s (see rtarget volume migrate --help)", ErrV1Store, dir)
+	}
+	for _, d := range []string{dir, filepath.Join(dir, thinMetaDir), filepath.Join(dir, thinDataDir)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	lock, err := lockDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	db, err := badger.Open(opts.badgerOptions(filepath.Join(dir, thinMetaDir)))
+	if err != nil {
+		lock.unlock()
+		return nil, fmt.Errorf("badger: %w", err)
+	}
+	b := &thinBackend{
+		dir:  dir,
+		opts: opts,
+		log:  opts.Logger.With("component", "store", "dir", dir),
+		db:   db,
+		lock: lock,
+		vols: make(map[uint32]*thinVol),
+		raws: make(map[uint32]*rawDevice),
+		done: make(chan struct{}),
+	}
+	if err := b.start(); err != nil {
+		errs := []error{err, db.Close(), lock.unlock()}
+		if b.pool != nil {
+			errs = append(errs, b.pool.close())
+		}
+		return nil, errors.Join(errs...)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b.stop = cancel
+	go b.maintain(ctx)
+	return b, nil
+}
+
+// start checks the format, recovers from an unclean shutdown and finishes
+// the operations a crash interrupted.
+func (b *thinBackend) start() error {
+	f, err := b.checkFormat()
+	if err != nil {
+		return err
+	}
+	b.cs = f.ClusterSize
+	b.cb = uint64(b.cs / BlockSize)
+	b.pool = newDataPool(filepath.Join(b.dir, thinDataDir), b.cs)
+	if err := b.checkDataHeader(f); err != nil {
+		return err
+	}
+	b.txnLimits()
+	b.batch = newThinBatch()
+	b.committer = newSyncGroup(b.commit)
+	b.bufs.New = func() any { buf := make([]byte, b.cs); return &buf }
+
+	unclean := false
+	b.durable.changes = nil
+	err = b.db.View(func(txn *badger.Txn) error {
+		if _, err := txn.Get(thinOpenKey); err == nil {
+			unclean = true
+		} else if !errors.Is(err, badger.ErrKeyNotFound) {
+			return err
+		}
+		item, err := txn.Get(thinHighKey)
+		switch {
+		case errors.Is(err, badger.ErrKeyNotFound):
+			b.high = 1
+		case err != nil:
+			return err
+		default:
+			v, err := item.ValueCopy(nil)
+			if err != nil {
+				return err
+			}
+			if b.high, err = getU64("high-water mark", v); err != nil {
+				return err
+			}
+		}
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{tkFree}, PrefetchValues: true})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			start := keyCluster(it.Item().Key())
+			v, err := it.Item().ValueCopy(nil)
+			if err != nil {
+				return err
+			}
+			end, err := getU64("free range", v)
+			if err != nil {
+				return err
+			}
+			if start == 0 || end <= start || end > b.high {
+				return fmt.Errorf("free range [%d, %d) with %d clusters: %w", start, end, b.high, ErrCorrupt)
+			}
+			b.durable.r = append(b.durable.r, clusterRange{start, end})
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	b.durable.changes = make(map[uint64]uint64)
+	b.avail.r = append([]clusterRange(nil), b.durable.r...)
+	// Clusters past the high-water mark were written by allocations that
+	// were never committed; free clusters may hold such writes too after a
+	// crash: both go back to holes, so a new allocation reads zeros.
+	if err := b.pool.truncate(b.high); err != nil {
+		return err
+	}
+	if unclean {
+		b.log.Warn("the store was not closed cleanly: clearing its free clusters", "free_ranges", len(b.durable.r))
+		for _, r := range b.durable.r {
+			if err := b.pool.punchClusters(r.start, r.end); err != nil {
+				return err
+			}
+		}
+	}
+	if _, err := b.pool.sync(); err != nil {
+		return err
+	}
+	if err := b.db.Update(func(txn *badger.Txn) error { return txn.Set(thinOpenKey, nil) }); err != nil {
+		return err
+	}
+	if err := b.syncMeta(); err != nil {
+		return err
+	}
+	return b.resume()
+}
+
+// checkFormat writes the format record into a new database and checks it
+// in an existing one.
+func (b *thinBackend) checkFormat() (thinFormat, error) {
+	var f thinFormat
+	err := b.db.Update(func(txn *badger.Txn) error {
+		item, err := txn.Get(thinFormatKey)
+		if err == nil {
+			v, err := item.ValueCopy(nil)
+			if err != nil {
+				return err
+			}
+			if err := json.Unmarshal(v, &f); err != nil || f.Format != thinFormatName {
+				return fmt.Errorf("format record %q: %w", v, ErrCorrupt)
+			}
+			if f.Version != thinFormatVersion {
+				return fmt.Errorf("format version %d, this rtarget reads %d: %w", f.Version, thinFormatVersion, ErrCorrupt)
+			}
+			if f.ClusterSize < minClusterSize || f.ClusterSize > maxClusterSize || f.ClusterSize&(f.ClusterSize-1) != 0 {
+				return fmt.Errorf("format record cluster size %d: %w", f.ClusterSize, ErrCorrupt)
+			}
+			return nil
+		}
+		if !errors.Is(err, badger.ErrKeyNotFound) {
+			return err
+		}
+		it := txn.NewIterator(badger.IteratorOptions{})
+		defer it.Close()
+		if it.Rewind(); it.Valid() {
+			return fmt.Errorf("database has keys but no format record (key %x): %w", it.Item().Key(), ErrCorrupt)
+		}
+		var id [16]byte
+		rand.Read(id[:])
+		f = thinFormat{Format: thinFormatName, Version: thinFormatVersion, ClusterSize: b.opts.ClusterSize, UUID: hex.EncodeToString(id[:])}
+		v, err := json.Marshal(f)
+		if err != nil {
+			return err
+		}
+		return txn.Set(thinFormatKey, v)
+	})
+	return f, err
+}
+
+// checkDataHeader writes the data header of a new store (cluster 0 of the
+// first data file) and checks that an existing one belongs to this
+// database.
+func (b *thinBackend) checkDataHeader(f thinFormat) error {
+	want := []byte(dataHeaderMagic + " " + f.UUID + "\n")
+	got := make([]byte, len(want))
+	if err := b.pool.readAt(got, 0, 0); err != nil {
+		return err
+	}
+	switch {
+	case bytes.Equal(got, want):
+		return nil
+	case !isZeros(got):
+		return fmt.Errorf("data file header %q does not match the metadata (store %s): %w", got, f.UUID, ErrCorrupt)
+	}
+	var high []byte
+	err := b.db.View(func(txn *badger.Txn) error {
+		if item, err := txn.Get(thinHighKey); err == nil {
+			high, _ = item.ValueCopy(nil)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if high != nil {
+		return fmt.Errorf("data file header missing but the metadata has data: %w", ErrCorrupt)
+	}
+	if err := b.pool.writeAt(want, 0, 0); err != nil {
+		return err
+	}
+	_, err = b.pool.sync()
+	return err
+}
+
+func isZeros(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// txnLimits sizes the write batch so a commit fits one transaction: an op
+// is at most a map entry, a delta entry, a reference count and two free
+// range keys.
+func (b *thinBackend) txnLimits() {
+	const perOp = 5
+	n := min(b.db.MaxBatchCount()/perOp, (b.db.MaxBatchSize()/perOp)/48)
+	b.batchCap = int(max(64, n/2))
+}
+
+// syncMeta makes the metadata database durable: db.Sync covers the WAL of
+// the mutable memtable and the value log; the WALs of full memtables and
+// the directory are synced by hand (see syncBadgerDir).
+func (b *thinBackend) syncMeta() error {
+	if err := b.db.Sync(); err != nil {
+		return fmt.Errorf("badger sync: %w", err)
+	}
+	return syncBadgerDir(filepath.Join(b.dir, thinMetaDir))
+}
+
+// maintain commits the write batch every CommitInterval.
+func (b *thinBackend) maintain(ctx context.Context) {
+	defer close(b.done)
+	t := time.NewTicker(b.opts.CommitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if b.batchLen() > 0 {
+			if err := b.committer.Sync(ctx); err != nil && ctx.Err() == nil {
+				b.log.Error("periodic commit", "err", err)
+			}
+		}
+	}
+}
+
+// Syncs implements Syncer: the commits done so far.
+func (b *thinBackend) Syncs() uint64 { return uint64(b.syncs.Load()) }
+
+func (b *thinBackend) sync(ctx context.Context) error { return b.committer.Sync(ctx) }
+
+func (b *thinBackend) close() error {
+	b.stop()
+	<-b.done
+	errCommit := b.committer.Sync(context.Background())
+	var errMark error
+	if errCommit == nil && b.failed.Load() == nil {
+		errMark = b.db.Update(func(txn *badger.Txn) error { return txn.Delete(thinOpenKey) })
+		if errMark == nil {
+			errMark = b.syncMeta()
+		}
+	}
+	errPool := b.pool.close()
+	errDB := b.db.Close()
+	errLock := b.lock.unlock()
+	if err := errors.Join(errCommit, errMark, errPool, errDB, errLock); err != nil {
+		return fmt.Errorf("close %s: %w", b.dir, err)
+	}
+	return nil
+}
+
+// checkFailed returns the error of a failed commit, after which the store
+// refuses changes.
+func (b *thinBackend) checkFailed() error {
+	if p := b.failed.Load(); p != nil {
+		return fmt.Errorf("an earlier metadata commit failed, the store refuses changes until reopened: %w", *p)
+	}
+	return nil
+}

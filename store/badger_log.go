@@ -15,6 +15,12 @@ type slogBadger struct {
 }
 
 func (l slogBadger) emit(level slog.Level, format string, args []any) {
+	// badger's cache statistics come as warnings; they are advice on
+	// tuning, not trouble.
+	if level == slog.LevelWarn && (strings.HasPrefix(format, "%s might be too small") ||
+		strings.HasPrefix(format, "Cache life expectancy")) {
+		level = slog.LevelDebug
+	}
 	if level < l.min.Level() || !l.log.Enabled(context.Background(), level) {
 		return
 	}

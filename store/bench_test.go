@@ -1,166 +1,338 @@
-package store
+package store_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
-	"sync/atomic"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rnic-dev/rnic/store"
+	"github.com/rnic-dev/rnic/store/storetest"
 )
 
-// Benchmarks of both backends. Each backend gets one store and one 1 GiB
-// volume whose first benchPrefill bytes are written before the read
-// benchmarks. Run with: go test -run '^$' -bench . ./store/
-const (
-	benchVolume  = 1 << 30
-	benchPrefill = 256 << 20
-)
+// Benchmarks of the thin store against its own floor: pread and pwrite on
+// a plain file of the same size on the same file system, interleaved in
+// rounds within one benchmark, so both see the same machine. They report
+// ns/op of each side and the ratio (store throughput / file throughput).
+// Run them unattended with:
+//
+//	go test -run '^$' -bench . -benchtime 20000x ./store/
+//
+// RNIC_CLUSTER_SIZE sets the thin store's cluster size (bytes).
 
-func BenchmarkMemory(b *testing.B) {
-	benchBackend(b, func(b *testing.B) Store { return NewMemory() })
+// ioTarget is one side of a comparison.
+type ioTarget interface {
+	read(p []byte, off int64) error
+	write(p []byte, off int64) error
 }
 
-func BenchmarkBadger(b *testing.B) { benchBadger(b, BadgerOptions{}) }
+type fileTarget struct{ fd int }
 
-// BenchmarkBadgerNoTrim keeps every value log page mapped (no RSS budget):
-// reads of data in the page cache are cheaper, the RSS grows with the data.
-func BenchmarkBadgerNoTrim(b *testing.B) { benchBadger(b, BadgerOptions{MappedBudget: -1}) }
-
-func benchBadger(b *testing.B, opts BadgerOptions) {
-	benchBackend(b, func(b *testing.B) Store {
-		s, err := OpenBadger(b.TempDir(), opts)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return s
-	})
+func (f fileTarget) read(p []byte, off int64) error {
+	_, err := unix.Pread(f.fd, p, off)
+	return err
 }
 
-func benchBackend(b *testing.B, open func(b *testing.B) Store) {
-	ctx := context.Background()
-	s := open(b)
-	defer s.Close()
-	v := mustCreate(b, s, "bench", benchVolume)
-	defer v.Close()
-	const prefillBlocks = benchPrefill / BlockSize
-	chunk := patternBlocks(0, 256, 1)
-	for lba := uint64(0); lba < prefillBlocks; lba += 256 {
-		mustWrite(b, v, lba, chunk)
+func (f fileTarget) write(p []byte, off int64) error {
+	_, err := unix.Pwrite(f.fd, p, off)
+	return err
+}
+
+type volTarget struct{ v store.Volume }
+
+func (t volTarget) read(p []byte, off int64) error {
+	return t.v.ReadBlocks(context.Background(), uint64(off)/store.BlockSize, p)
+}
+
+func (t volTarget) write(p []byte, off int64) error {
+	return t.v.WriteBlocks(context.Background(), uint64(off)/store.BlockSize, p, false)
+}
+
+// benchJob is a fio-like job: size bytes per request, qd requests in
+// flight (goroutines), random or sequential, over span bytes.
+type benchJob struct {
+	name  string
+	size  int
+	qd    int
+	write bool
+	seq   bool
+}
+
+var benchJobs = []benchJob{
+	{"randread-4k-qd1", 4 << 10, 1, false, false},
+	{"randread-4k-qd16", 4 << 10, 16, false, false},
+	{"randwrite-4k-qd16", 4 << 10, 16, true, false},
+	{"seqread-1m-qd4", 1 << 20, 4, false, true},
+	{"seqwrite-1m-qd4", 1 << 20, 4, true, true},
+}
+
+// cpuTime returns the CPU time (user and system) the process used so far.
+func cpuTime() time.Duration {
+	var ru unix.Rusage
+	unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// timing is the wall and CPU time of a side of a comparison.
+type timing struct{ wall, cpu time.Duration }
+
+func (t *timing) add(wall, cpu time.Duration) { t.wall += wall; t.cpu += cpu }
+
+// report reports the ns/op of two sides a and b (wall and CPU) and the
+// ratios of a's cost to b's.
+func report(b *testing.B, ops float64, aName string, a timing, bName string, bt timing) {
+	b.ReportMetric(float64(a.wall.Nanoseconds())/ops, aName+"-ns/op")
+	b.ReportMetric(float64(bt.wall.Nanoseconds())/ops, bName+"-ns/op")
+	b.ReportMetric(float64(a.cpu.Nanoseconds())/ops, aName+"-cpu-ns/op")
+	b.ReportMetric(float64(bt.cpu.Nanoseconds())/ops, bName+"-cpu-ns/op")
+}
+
+// cursor keeps a sequential job's position per worker across rounds.
+type cursor struct{ next []int64 }
+
+// run does ops requests of j on t and returns the time they took.
+func (j benchJob) run(tb testing.TB, t ioTarget, ops int, span int64, seed uint64, cur *cursor) (wall, cpu time.Duration) {
+	if cur.next == nil {
+		cur.next = make([]int64, j.qd)
 	}
-	if err := v.Flush(ctx); err != nil {
+	per := (ops + j.qd - 1) / j.qd
+	region := span / int64(j.qd) / int64(j.size) * int64(j.size)
+	var wg sync.WaitGroup
+	errs := make(chan error, j.qd)
+	start, cpu0 := time.Now(), cpuTime()
+	for w := range j.qd {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, j.size)
+			storetest.FillBlock(buf, uint64(w), seed)
+			rng := rand.New(rand.NewPCG(seed, uint64(w)))
+			for range per {
+				var off int64
+				if j.seq {
+					off = int64(w)*region + cur.next[w]
+					cur.next[w] = (cur.next[w] + int64(j.size)) % region
+				} else {
+					off = rng.Int64N(span/int64(j.size)) * int64(j.size)
+				}
+				var err error
+				if j.write {
+					err = t.write(buf, off)
+				} else {
+					err = t.read(buf, off)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	wall, cpu = time.Since(start), cpuTime()-cpu0
+	close(errs)
+	for err := range errs {
+		tb.Fatal(err)
+	}
+	return wall, cpu
+}
+
+func benchClusterSize(tb testing.TB) int64 {
+	if v := os.Getenv("RNIC_CLUSTER_SIZE"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			tb.Fatalf("RNIC_CLUSTER_SIZE=%q: %v", v, err)
+		}
+		return n
+	}
+	return store.DefaultClusterSize
+}
+
+func openBenchStore(tb testing.TB) store.Store {
+	s, err := store.OpenThin(tb.TempDir(), store.ThinOptions{ClusterSize: benchClusterSize(tb)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// plainFile creates a file of size bytes, written in full when fill.
+func plainFile(tb testing.TB, size int64, fill bool) fileTarget {
+	path := filepath.Join(tb.TempDir(), "plain")
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Ftruncate(fd, size); err != nil {
+		tb.Fatal(err)
+	}
+	if fill {
+		fillTarget(tb, fileTarget{fd}, size)
+	}
+	return fileTarget{fd}
+}
+
+func fillTarget(tb testing.TB, t ioTarget, size int64) {
+	buf := make([]byte, 1<<20)
+	for i := 0; i < len(buf); i += store.BlockSize {
+		storetest.FillBlock(buf[i:i+store.BlockSize], uint64(i), 1)
+	}
+	for off := int64(0); off < size; off += int64(len(buf)) {
+		if err := t.write(buf, off); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// compare runs j on both targets in interleaved rounds and reports each
+// side's ns/op and the ratio of the store's throughput to the file's.
+func compare(b *testing.B, j benchJob, file, vol ioTarget, span int64) {
+	const rounds = 40
+	// At most 2 GiB per side: a file system of the machine's size holds
+	// both, also for the fresh volumes.
+	per := max(4*j.qd, min(b.N, 2<<30/j.size)/rounds)
+	var tf, tv timing
+	var cf, cv cursor
+	for r := range rounds {
+		// Each side goes first in every other round.
+		if r%2 == 0 {
+			tf.add(j.run(b, file, per, span, uint64(r), &cf))
+			tv.add(j.run(b, vol, per, span, uint64(r), &cv))
+		} else {
+			tv.add(j.run(b, vol, per, span, uint64(r), &cv))
+			tf.add(j.run(b, file, per, span, uint64(r), &cf))
+		}
+	}
+	report(b, float64(per*rounds), "file", tf, "store", tv)
+	b.ReportMetric(float64(tf.wall)/float64(tv.wall), "ratio")
+	b.ReportMetric(float64(tf.cpu)/float64(tv.cpu), "cpu-ratio")
+}
+
+// BenchmarkStoreVsFile: a thin volume written once in full against a
+// plain file written in full, 1 GiB each; and writes to a fresh thin
+// volume against writes to a fresh sparse file, 64 GiB each.
+func BenchmarkStoreVsFile(b *testing.B) {
+	const full, fresh = 1 << 30, 64 << 30
+	s := openBenchStore(b)
+	defer s.Close()
+	v := createOpen(b, s, "full", full)
+	defer v.Close()
+	fillTarget(b, volTarget{v}, full)
+	if err := v.Flush(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	var bs *badgerBackend
-	if vs, ok := s.(*volumeStore); ok {
-		bs, _ = vs.be.(*badgerBackend)
+	file := plainFile(b, full, true)
+	for _, j := range benchJobs {
+		b.Run("full/"+j.name, func(b *testing.B) { compare(b, j, file, volTarget{v}, full) })
 	}
-	reportSyncs := func(b *testing.B, before int64) {
-		if bs != nil {
-			b.ReportMetric(float64(bs.syncs.Load()-before)/float64(b.N), "syncs/op")
+	for _, j := range benchJobs {
+		if !j.write {
+			continue
 		}
+		b.Run("fresh/"+j.name, func(b *testing.B) {
+			name := fmt.Sprintf("fresh-%s-%d", j.name, b.N)
+			fv := createOpen(b, s, name, fresh)
+			defer func() {
+				fv.Close()
+				s.DeleteVolume(context.Background(), name)
+			}()
+			compare(b, j, plainFile(b, fresh, false), volTarget{fv}, fresh)
+		})
 	}
-	syncsNow := func() int64 {
-		if bs == nil {
-			return 0
-		}
-		return bs.syncs.Load()
-	}
-	const volBlocks = benchVolume / BlockSize
+}
 
-	b.Run("RandRead4K", func(b *testing.B) {
-		buf := make([]byte, BlockSize)
-		rng := rand.New(rand.NewPCG(1, 2))
-		b.SetBytes(BlockSize)
-		for b.Loop() {
-			if err := v.ReadBlocks(ctx, rng.Uint64N(prefillBlocks), buf); err != nil {
+func createOpen(tb testing.TB, s store.Store, name string, size int64) store.Volume {
+	ctx := context.Background()
+	if _, err := s.CreateVolume(ctx, name, size, store.CreateOptions{}); err != nil {
+		tb.Fatal(err)
+	}
+	v, err := s.OpenVolume(ctx, name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return v
+}
+
+// BenchmarkSnapshot takes snapshots of an open volume: 1 GiB written in
+// full, and 64 GiB and 1 TiB with 1 GiB written.
+func BenchmarkSnapshot(b *testing.B) {
+	for _, size := range []int64{1 << 30, 64 << 30, 1 << 40} {
+		b.Run(fmt.Sprintf("%dGiB", size>>30), func(b *testing.B) {
+			s := openBenchStore(b)
+			defer s.Close()
+			v := createOpen(b, s, "v", size)
+			defer v.Close()
+			fillTarget(b, volTarget{v}, 1<<30)
+			if err := v.Flush(context.Background()); err != nil {
 				b.Fatal(err)
 			}
-		}
-	})
-	b.Run("RandRead4KParallel", func(b *testing.B) {
-		b.SetBytes(BlockSize)
-		var seed atomic.Uint64
-		b.RunParallel(func(pb *testing.PB) {
-			buf := make([]byte, BlockSize)
-			rng := rand.New(rand.NewPCG(seed.Add(1), 3))
-			for pb.Next() {
-				if err := v.ReadBlocks(ctx, rng.Uint64N(prefillBlocks), buf); err != nil {
+			b.ResetTimer()
+			var worst time.Duration
+			for i := 0; b.Loop(); i++ {
+				start := time.Now()
+				if _, err := s.CreateSnapshot(context.Background(), "v", fmt.Sprintf("s%d", i)); err != nil {
 					b.Fatal(err)
 				}
+				worst = max(worst, time.Since(start))
 			}
+			b.ReportMetric(float64(worst.Microseconds())/1000, "worst-ms")
 		})
-	})
-	b.Run("RandWrite4K", func(b *testing.B) {
-		buf := patternBlocks(0, 1, 2)
-		rng := rand.New(rand.NewPCG(4, 5))
-		b.SetBytes(BlockSize)
-		for b.Loop() {
-			if err := v.WriteBlocks(ctx, rng.Uint64N(volBlocks), buf, false); err != nil {
-				b.Fatal(err)
-			}
+	}
+}
+
+// BenchmarkCopyOnWrite: 4 KiB random writes at QD16, each to a different
+// cluster shared with a snapshot just taken (the first write copies it),
+// against the same writes once more (the clusters are the volume's own
+// now), interleaved in rounds. ratio is the first write's cost over the
+// plain write's.
+func BenchmarkCopyOnWrite(b *testing.B) {
+	const size = 1 << 30
+	s := openBenchStore(b)
+	defer s.Close()
+	v := createOpen(b, s, "v", size)
+	defer v.Close()
+	fillTarget(b, volTarget{v}, size)
+	cs := benchClusterSize(b)
+	clusters := size / cs
+	const qd, rounds = 16, 10
+	per := min(int(clusters), max(qd, b.N/rounds))
+	var tc, tp timing
+	for r := range rounds {
+		if _, err := s.CreateSnapshot(context.Background(), "v", fmt.Sprintf("s%d", r)); err != nil {
+			b.Fatal(err)
 		}
-	})
-	b.Run("RandWrite4KParallel", func(b *testing.B) {
-		b.SetBytes(BlockSize)
-		var seed atomic.Uint64
-		b.RunParallel(func(pb *testing.PB) {
-			buf := patternBlocks(0, 1, 2)
-			rng := rand.New(rand.NewPCG(seed.Add(1), 6))
-			for pb.Next() {
-				if err := v.WriteBlocks(ctx, rng.Uint64N(volBlocks), buf, false); err != nil {
-					b.Fatal(err)
-				}
+		perm := rand.New(rand.NewPCG(uint64(r), 9)).Perm(int(clusters))[:per]
+		for pass, d := range []*timing{&tc, &tp} {
+			var wg sync.WaitGroup
+			start, cpu0 := time.Now(), cpuTime()
+			for w := range qd {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					buf := make([]byte, store.BlockSize)
+					storetest.FillBlock(buf, uint64(w), uint64(pass))
+					for i := w; i < per; i += qd {
+						off := int64(perm[i])*cs + int64(i%int(cs/store.BlockSize))*store.BlockSize
+						if err := v.WriteBlocks(context.Background(), uint64(off)/store.BlockSize, buf, false); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
 			}
-		})
-	})
-	b.Run("SeqWrite1M", func(b *testing.B) {
-		buf := patternBlocks(0, 256, 3)
-		b.SetBytes(int64(len(buf)))
-		lba := uint64(0)
-		for b.Loop() {
-			if err := v.WriteBlocks(ctx, lba, buf, false); err != nil {
-				b.Fatal(err)
-			}
-			lba = (lba + 256) % volBlocks
+			wg.Wait()
+			d.add(time.Since(start), cpuTime()-cpu0)
 		}
-	})
-	b.Run("SeqRead1M", func(b *testing.B) {
-		buf := make([]byte, 256*BlockSize)
-		b.SetBytes(int64(len(buf)))
-		lba := uint64(0)
-		for b.Loop() {
-			if err := v.ReadBlocks(ctx, lba, buf); err != nil {
-				b.Fatal(err)
-			}
-			lba = (lba + 256) % prefillBlocks
-		}
-	})
-	b.Run("FUAWrite4K", func(b *testing.B) {
-		buf := patternBlocks(0, 1, 4)
-		b.SetBytes(BlockSize)
-		before := syncsNow()
-		lba := uint64(0)
-		for b.Loop() {
-			if err := v.WriteBlocks(ctx, lba, buf, true); err != nil {
-				b.Fatal(err)
-			}
-			lba = (lba + 1) % volBlocks
-		}
-		reportSyncs(b, before)
-	})
-	b.Run("FUAWrite4KParallel16", func(b *testing.B) {
-		b.SetBytes(BlockSize)
-		b.SetParallelism(8) // 8 x GOMAXPROCS goroutines
-		before := syncsNow()
-		var seed atomic.Uint64
-		b.RunParallel(func(pb *testing.PB) {
-			buf := patternBlocks(0, 1, 5)
-			rng := rand.New(rand.NewPCG(seed.Add(1), 7))
-			for pb.Next() {
-				if err := v.WriteBlocks(ctx, rng.Uint64N(volBlocks), buf, true); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-		reportSyncs(b, before)
-	})
+	}
+	report(b, float64(per*rounds), "cow", tc, "plain", tp)
+	b.ReportMetric(float64(tc.wall)/float64(tp.wall), "ratio")
+	b.ReportMetric(float64(tc.cpu)/float64(tp.cpu), "cpu-ratio")
 }

@@ -9,40 +9,45 @@ import (
 )
 
 // thinBatch is the metadata changes of writes not yet committed: what the
-// in-memory maps already show and the database does not. A commit makes
-// the data files durable first, then commits the whole batch in one
-// transaction, so no map entry ever points at data that is not durable,
-// and every replacement (map entry, the delta keeping the old entry, the
-// freed cluster) becomes durable whole or not at all.
+// in-memory maps already show and the database does not, as a log of
+// replacements in the order they were made. A commit makes the data files
+// durable first, then writes the log in transactions that each hold whole
+// replacements (a map entry, the delta entry keeping the old one or the
+// release of its cluster, the allocation of the new one), so no map entry
+// ever points at data that is not durable and no replacement is ever
+// durable in part.
 type thinBatch struct {
-	maps   map[volCluster]entry // head entries to set (0: delete)
-	deltas map[deltaCluster]entry
-	frees  []uint64 // clusters no longer referenced
-	decref []uint64 // clusters that lost one of possibly several references
-	allocs []uint64 // clusters taken from the free ranges
-	ops    int
+	ops []batchOp
 }
 
-type volCluster struct {
-	id uint32
-	c  uint64
+// batchOp is one replacement of a map entry, or with id 0 the release of a
+// cluster alone.
+type batchOp struct {
+	id    uint32
+	epoch uint32 // old goes into this snapshot's delta; 0: none
+	c     uint64
+	new   entry
+	old   entry
+	free  uint64 // a cluster no longer referenced
+	drop  uint64 // a counted cluster that lost one reference
+	alloc uint64 // a cluster taken from the free ranges
 }
 
-type deltaCluster struct {
-	id, epoch uint32
-	c         uint64
-}
+// The bounds of a batch: past batchKick ops the committer is woken, past
+// batchMax writers commit it themselves before going on.
+const (
+	batchKick = 32 << 10
+	batchMax  = 4 * batchKick
+)
 
-func newThinBatch() *thinBatch {
-	return &thinBatch{maps: make(map[volCluster]entry), deltas: make(map[deltaCluster]entry)}
-}
+func newThinBatch() *thinBatch { return &thinBatch{} }
 
-func (bt *thinBatch) empty() bool { return bt.ops == 0 }
+func (bt *thinBatch) empty() bool { return len(bt.ops) == 0 }
 
 func (b *thinBackend) batchLen() int {
 	b.batchMu.Lock()
 	defer b.batchMu.Unlock()
-	return b.batch.ops
+	return len(b.batch.ops)
 }
 
 // commit is the function behind the sync group (Flush, FUA, Sync and the
@@ -64,8 +69,17 @@ func (b *thinBackend) commit() error {
 		b.syncs.Add(1)
 		return nil
 	}
-	freed, err := b.commitBatch(bt)
-	if err != nil {
+	var freed []uint64
+	for ops := bt.ops; len(ops) > 0; {
+		n := min(len(ops), b.txnOps)
+		f, err := b.commitOps(ops[:n])
+		if err != nil {
+			return b.fail(err)
+		}
+		freed = append(freed, f...)
+		ops = ops[n:]
+	}
+	if err := b.syncMeta(); err != nil {
 		return b.fail(err)
 	}
 	b.syncs.Add(1)
@@ -81,45 +95,49 @@ func (b *thinBackend) fail(err error) error {
 	return err
 }
 
-// commitBatch writes bt in one transaction and syncs it; metaMu is held.
-// It returns the clusters the batch freed.
-func (b *thinBackend) commitBatch(bt *thinBatch) ([]uint64, error) {
+// commitOps writes ops in one transaction; metaMu is held. It returns the
+// clusters they freed.
+func (b *thinBackend) commitOps(ops []batchOp) ([]uint64, error) {
 	txn := b.db.NewTransaction(true)
 	defer txn.Discard()
-	for k, e := range bt.maps {
-		var err error
-		if e == 0 {
-			err = txn.Delete(mapKey(k.id, k.c))
-		} else {
-			err = txn.Set(mapKey(k.id, k.c), putU64(uint64(e)))
+	var freed []uint64
+	for _, op := range ops {
+		if op.id != 0 {
+			var err error
+			if op.new == 0 {
+				err = txn.Delete(mapKey(op.id, op.c))
+			} else {
+				err = txn.Set(mapKey(op.id, op.c), putU64(uint64(op.new)))
+			}
+			if err != nil {
+				return nil, err
+			}
+			if op.epoch != 0 {
+				if err := txn.Set(deltaKey(op.id, op.epoch, op.c), putU64(uint64(op.old))); err != nil {
+					return nil, err
+				}
+			}
 		}
-		if err != nil {
-			return nil, err
+		if p := op.alloc; p != 0 {
+			if !b.durable.contains(p) {
+				return nil, fmt.Errorf("cluster %d allocated but not free: %w", p, ErrCorrupt)
+			}
+			b.durable.remove(p)
 		}
-	}
-	for k, e := range bt.deltas {
-		if err := txn.Set(deltaKey(k.id, k.epoch, k.c), putU64(uint64(e))); err != nil {
-			return nil, err
-		}
-	}
-	for _, p := range bt.allocs {
-		if !b.durable.contains(p) {
-			return nil, fmt.Errorf("cluster %d allocated but not free: %w", p, ErrCorrupt)
-		}
-		b.durable.remove(p)
-	}
-	freed := append([]uint64(nil), bt.frees...)
-	for _, p := range bt.decref {
-		gone, err := decref(txn, p)
-		if err != nil {
-			return nil, err
-		}
-		if gone {
+		if p := op.free; p != 0 {
 			freed = append(freed, p)
+			b.durable.add(p, p+1)
 		}
-	}
-	for _, p := range freed {
-		b.durable.add(p, p+1)
+		if p := op.drop; p != 0 {
+			gone, err := decref(txn, p)
+			if err != nil {
+				return nil, err
+			}
+			if gone {
+				freed = append(freed, p)
+				b.durable.add(p, p+1)
+			}
+		}
 	}
 	if err := b.putRanges(txn); err != nil {
 		return nil, err
@@ -130,10 +148,7 @@ func (b *thinBackend) commitBatch(bt *thinBatch) ([]uint64, error) {
 	if err := txn.Set(thinHighKey, putU64(high)); err != nil {
 		return nil, err
 	}
-	if err := txn.Commit(); err != nil {
-		return nil, err
-	}
-	return freed, b.syncMeta()
+	return freed, txn.Commit()
 }
 
 // putRanges writes the free-range keys changed since the last call.
@@ -224,18 +239,51 @@ func incref(txn *badger.Txn, p uint64) error {
 // alloc hands out a free cluster, the lowest one; fromFree reports whether
 // it came from the free ranges (the batch must record that).
 func (b *thinBackend) alloc() (p uint64, fromFree bool, err error) {
+	p, _, fromFree, err = b.allocRun(1)
+	return p, fromFree, err
+}
+
+// allocRun hands out up to n free clusters that follow each other in one
+// data file (at least one): from the first free range, else past the
+// high-water mark.
+func (b *thinBackend) allocRun(n uint64) (p, got uint64, fromFree bool, err error) {
 	b.allocMu.Lock()
 	defer b.allocMu.Unlock()
-	if p, ok := b.avail.first(); ok {
-		b.avail.remove(p)
-		return p, true, nil
+	if len(b.avail.r) > 0 {
+		r := b.avail.r[0]
+		got = min(n, r.end-r.start, b.fileRoom(r.start))
+		for i := range got {
+			b.avail.remove(r.start + i)
+		}
+		return r.start, got, true, nil
 	}
-	if b.high >= entryPhysMask {
-		return 0, false, fmt.Errorf("data files full (%d clusters): %w", b.high, ErrInvalid)
+	// A run starts at a multiple of its size (up to alignBytes) in the
+	// file, so the page cache can hold it in large folios; the clusters
+	// skipped go to the free ranges.
+	align := uint64(1)
+	for align*2 <= n && align*2*uint64(b.cs) <= alignBytes {
+		align *= 2
 	}
-	p = b.high
-	b.high++
-	return p, false, nil
+	p = (b.high + align - 1) / align * align
+	got = min(n, b.fileRoom(p))
+	if p+got > entryPhysMask {
+		return 0, 0, false, fmt.Errorf("data files full (%d clusters): %w", b.high, ErrInvalid)
+	}
+	skipped := b.high
+	b.high = p + got
+	if skipped < p {
+		b.batchMu.Lock()
+		for q := skipped; q < p; q++ {
+			b.batch.ops = append(b.batch.ops, batchOp{free: q})
+		}
+		b.batchMu.Unlock()
+	}
+	return p, got, false, nil
+}
+
+// fileRoom returns how many clusters from p on lie in p's data file.
+func (b *thinBackend) fileRoom(p uint64) uint64 {
+	return (p>>b.pool.fileShift+1)<<b.pool.fileShift - p
 }
 
 // unalloc returns a cluster alloc handed out and nothing references.
@@ -249,7 +297,6 @@ func (b *thinBackend) unalloc(p uint64, fromFree bool) {
 	// From past the high-water mark: free, but not in the database's free
 	// ranges yet; the next commit puts it there and hands it out again.
 	b.batchMu.Lock()
-	b.batch.frees = append(b.batch.frees, p)
-	b.batch.ops++
+	b.batch.ops = append(b.batch.ops, batchOp{free: p})
 	b.batchMu.Unlock()
 }

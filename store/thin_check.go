@@ -136,7 +136,7 @@ func (b *thinBackend) check(ctx context.Context) error {
 			}
 		}
 		b.allocMu.Unlock()
-		for p := uint64(1); p < high; p++ {
+		for p := b.firstCluster(); p < high; p++ {
 			free := stored.contains(p)
 			switch {
 			case free && refs[p] > 0:

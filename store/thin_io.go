@@ -141,11 +141,59 @@ func (v *thinVol) writeLocked(lba uint64, src []byte) error {
 			if err := b.pool.writeAt(src[:n], p, off); err != nil {
 				return err
 			}
+		} else if whole := v.fresh(c, off, src); whole > 0 {
+			if err := v.allocWhole(c, whole, src[:whole*uint64(b.cs)]); err != nil {
+				return err
+			}
+			n = int(whole * uint64(b.cs))
 		} else if err := v.cow(c, e, off, src[:n], n); err != nil {
 			return err
 		}
 		src = src[n:]
 		lba += uint64(n / BlockSize)
+	}
+	return nil
+}
+
+// fresh returns how many clusters from c on src covers whole (it starts
+// at c's first byte: off is 0) that nothing shows through: they are
+// written as they are into new clusters, several with one pwrite.
+func (v *thinVol) fresh(c uint64, off int64, src []byte) uint64 {
+	if off != 0 {
+		return 0
+	}
+	n := uint64(0)
+	for uint64(len(src)) >= (n+1)*uint64(v.b.cs) {
+		e := v.m.get(c + n)
+		if e.phys() != 0 || (!e.hole() && v.origin != nil) {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// allocWhole gives the n clusters from c, which nothing shows through, new
+// clusters holding src: runs of clusters that follow each other in a data
+// file, each written with one pwrite.
+func (v *thinVol) allocWhole(c, n uint64, src []byte) error {
+	b := v.b
+	for n > 0 {
+		p, got, fromFree, err := b.allocRun(n)
+		if err != nil {
+			return err
+		}
+		k := got * uint64(b.cs)
+		if err := b.pool.writeAt(src[:k], p, 0); err != nil {
+			for i := range got {
+				b.unalloc(p+i, fromFree)
+			}
+			return fmt.Errorf("cluster %d: %w", c, err)
+		}
+		for i := range got {
+			v.replace(c+i, v.m.get(c+i), mkEntry(p+i, v.epoch), fromFree)
+		}
+		c, n, src = c+got, n-got, src[k:]
 	}
 	return nil
 }

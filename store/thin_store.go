@@ -72,9 +72,12 @@ type thinBackend struct {
 	durable rangeSet // the free ranges as committed (metaMu)
 	high    uint64   // clusters ever handed out, the header included
 
-	batchMu  sync.Mutex
-	batch    *thinBatch
-	batchCap int // ops in a batch before writers commit it themselves
+	batchMu sync.Mutex
+	batch   *thinBatch
+	kick    chan struct{} // wakes maintain to commit a batch grown past batchKick
+	// txnOps is how many batch ops one transaction takes; batchCap bounds
+	// the entries the catalog operations change in one transaction.
+	txnOps, batchCap int
 
 	committer *syncGroup
 	syncs     atomic.Int64
@@ -136,6 +139,7 @@ func openThinBackend(dir string, opts ThinOptions) (*thinBackend, error) {
 		vols: make(map[uint32]*thinVol),
 		raws: make(map[uint32]*rawDevice),
 		done: make(chan struct{}),
+		kick: make(chan struct{}, 1),
 	}
 	if err := b.start(); err != nil {
 		errs := []error{err, db.Close(), lock.unlock()}
@@ -179,7 +183,7 @@ func (b *thinBackend) start() error {
 		item, err := txn.Get(thinHighKey)
 		switch {
 		case errors.Is(err, badger.ErrKeyNotFound):
-			b.high = 1
+			b.high = b.firstCluster()
 		case err != nil:
 			return err
 		default:
@@ -240,6 +244,16 @@ func (b *thinBackend) start() error {
 	}
 	return b.resume()
 }
+
+// firstCluster is the first cluster ever handed out: the header takes
+// cluster 0, and data starts at 2 MiB so that runs of clusters written
+// together can be aligned for the page cache's large folios.
+func (b *thinBackend) firstCluster() uint64 {
+	return max(1, uint64(alignBytes/b.cs))
+}
+
+// alignBytes is the alignment of runs of clusters allocated together.
+const alignBytes = 2 << 20
 
 // checkFormat writes the format record into a new database and checks it
 // in an existing one.
@@ -327,13 +341,13 @@ func isZeros(b []byte) bool {
 	return true
 }
 
-// txnLimits sizes the write batch so a commit fits one transaction: an op
-// is at most a map entry, a delta entry, a reference count and two free
-// range keys.
+// txnLimits sizes what goes in one transaction: a batch op is at most a
+// map entry, a delta entry, a reference count and two free range keys.
 func (b *thinBackend) txnLimits() {
 	const perOp = 5
 	n := min(b.db.MaxBatchCount()/perOp, (b.db.MaxBatchSize()/perOp)/48)
-	b.batchCap = int(max(64, n/2))
+	b.txnOps = int(max(64, n/2))
+	b.batchCap = b.txnOps
 }
 
 // syncMeta makes the metadata database durable: db.Sync covers the WAL of
@@ -356,6 +370,7 @@ func (b *thinBackend) maintain(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-b.kick:
 		}
 		if b.batchLen() > 0 {
 			if err := b.committer.Sync(ctx); err != nil && ctx.Err() == nil {

@@ -88,25 +88,31 @@ func (v *thinVol) shared(e entry) bool {
 // caller holds the cluster's lock and ioLock shared; fromFree tells where
 // new's cluster came from (see alloc).
 func (v *thinVol) replace(c uint64, old, new entry, fromFree bool) {
-	b := v.b
-	b.batchMu.Lock()
-	bt := b.batch
+	op := batchOp{id: v.id, c: c, new: new, old: old}
 	if v.latest > 0 && old.birth() <= v.latest {
-		bt.deltas[deltaCluster{v.id, v.latest, c}] = old
+		op.epoch = v.latest
 	} else if p := old.phys(); p != 0 {
 		if old.counted() {
-			bt.decref = append(bt.decref, p)
+			op.drop = p
 		} else {
-			bt.frees = append(bt.frees, p)
+			op.free = p
 		}
 	}
 	if fromFree {
-		bt.allocs = append(bt.allocs, new.phys())
+		op.alloc = new.phys()
 	}
-	bt.maps[volCluster{v.id, c}] = new
-	bt.ops++
+	b := v.b
+	b.batchMu.Lock()
+	b.batch.ops = append(b.batch.ops, op)
+	n := len(b.batch.ops)
 	b.batchMu.Unlock()
 	v.m.set(c, new)
+	if n == batchKick {
+		select {
+		case b.kick <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // trimmed is the entry a discarded cluster gets: absent where nothing can
@@ -119,10 +125,10 @@ func (v *thinVol) trimmed() entry {
 	return holeEntry(v.epoch)
 }
 
-// afterChange commits the batch when it has grown past its bound, so a
-// commit always fits one transaction. Called without cluster locks.
+// afterChange commits the batch when it has grown past batchMax, which
+// bounds its memory. Called without cluster locks.
 func (v *thinVol) afterChange(ctx context.Context) error {
-	if v.b.batchLen() < v.b.batchCap {
+	if v.b.batchLen() < batchMax {
 		return nil
 	}
 	return v.b.committer.Sync(ctx)

@@ -1,5 +1,5 @@
 # The two commands of the README:
-#   make run    a target (embedded badger store) and an initiator exporting it over NBD on loopback
+#   make run    a target (the thin store) and an initiator exporting it over NBD on loopback
 #   make test   everything CI checks (installs the Debian packages it needs first)
 SHELL := /bin/bash
 GO ?= $(shell ./.ci/ensure-go)
@@ -12,7 +12,7 @@ all: build
 build:
 	$(GO) build -o bin/ ./cmd/...
 
-# make run: rtarget with the embedded badger store (./rtarget-data, volume
+# make run: rtarget with the thin store (./rtarget-data, volume
 # "demo" of 1 GiB, created on first run) and rinit exporting it over NBD on
 # 127.0.0.1:10809. Ctrl-C stops both (the target drains and syncs).
 RUN_VOLUME ?= demo:1G

@@ -15,23 +15,23 @@ import (
 // BenchmarkReadAt and BenchmarkWriteAt: 4 KiB requests at random
 // 4 KiB-aligned offsets, one at a time and 16 at once, and 1 MiB requests
 // at random 1 MiB-aligned offsets 4 at once, through the whole block
-// protocol over loopback, with the memory store and with badger on disk.
+// protocol over loopback, with the memory store and with the thin store on disk.
 // The 64 MiB region is written once before the timer starts, so reads
-// find data (badger reads absent blocks as zeros without touching its
-// value log). bench/ quotes them.
+// find data (the thin store reads unallocated blocks as zeros without any
+// I/O). bench/ quotes them.
 func BenchmarkReadAt(b *testing.B)  { benchIO(b, false) }
 func BenchmarkWriteAt(b *testing.B) { benchIO(b, true) }
 
 func benchIO(b *testing.B, write bool) {
-	for _, badger := range []bool{false, true} {
+	for _, thin := range []bool{false, true} {
 		for _, c := range []struct{ size, qd int }{{4096, 1}, {4096, 16}, {1 << 20, 4}} {
 			st := "memory"
-			if badger {
-				st = "badger"
+			if thin {
+				st = "thin"
 			}
 			b.Run(fmt.Sprintf("%s/%dK-qd%d", st, c.size>>10, c.qd), func(b *testing.B) {
 				const span = 64 << 20
-				e := newEnv(b, envOpts{size: span, badger: badger})
+				e := newEnv(b, envOpts{size: span, thin: thin})
 				cl := e.client("bench", nil)
 				defer cl.Close()
 				ctx := context.Background()

@@ -37,7 +37,7 @@ type env struct {
 }
 
 type envOpts struct {
-	badger  bool
+	thin    bool
 	size    int64
 	volumes []string
 	addr    string // listen address (default 127.0.0.1:0)
@@ -53,9 +53,9 @@ func newEnv(t testing.TB, o envOpts) *env {
 		o.volumes = []string{"vol0"}
 	}
 	var st store.Store
-	if o.badger {
+	if o.thin {
 		var err error
-		if st, err = store.OpenBadger(t.TempDir(), store.BadgerOptions{Logger: logger()}); err != nil {
+		if st, err = store.OpenThin(t.TempDir(), store.ThinOptions{Logger: logger()}); err != nil {
 			t.Fatal(err)
 		}
 	} else {

@@ -71,7 +71,7 @@ type loadSession struct {
 	ver  []uint32 // per block: the last version written (0: never, reads zeros)
 }
 
-// TestLoad: 16 sessions (separate clients) against one badger-backed
+// TestLoad: 16 sessions (separate clients) against one thin-store-backed
 // target, each with 32 goroutines doing verified random 4 KiB I/O on its
 // own region for a bounded time (RNIC_LOAD_DURATION, default 4 s). Every
 // write is read back and compared, every read is checked against the
@@ -101,7 +101,7 @@ func TestLoad(t *testing.T) {
 		dur = min(dur, time.Second)
 	}
 	baseline := runtime.NumGoroutine()
-	e := newEnv(t, envOpts{badger: true, size: size})
+	e := newEnv(t, envOpts{thin: true, size: size})
 	// tctx's 60 s would end a long run: allow the run plus the read-back.
 	ctx, cancel := context.WithTimeout(context.Background(), dur+2*time.Minute)
 	defer cancel()
@@ -279,7 +279,7 @@ func TestLoad(t *testing.T) {
 	}
 
 	// Loose RSS check: no runaway growth over the run. The first seconds
-	// are warm-up (badger memtables filling, the race detector's shadow
+	// are warm-up (the store's first allocations, the race detector's shadow
 	// memory), so growth up to 2x, or 256 MiB, is allowed.
 	if n := len(samples); n >= 3 {
 		third := (n + 2) / 3

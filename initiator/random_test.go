@@ -141,14 +141,14 @@ func asyncBatch(ctx context.Context, c *initiator.Client, m *model, base, span i
 // read is checked against the model, and a third client reads the whole
 // volume back at the end.
 func TestRandomIO(t *testing.T) {
-	for _, badger := range []bool{false, true} {
+	for _, thin := range []bool{false, true} {
 		name := "memory"
-		if badger {
-			name = "badger"
+		if thin {
+			name = "thin"
 		}
 		t.Run(name, func(t *testing.T) {
 			const size = 32 << 20
-			e := newEnv(t, envOpts{badger: badger, size: size})
+			e := newEnv(t, envOpts{thin: thin, size: size})
 			ctx := tctx(t)
 			clients := []*initiator.Client{
 				e.client("host-a", nil),

@@ -128,7 +128,7 @@ func TestDeadSessionReleasesLocksAndFences(t *testing.T) {
 // replays what was not acknowledged; every write returns success or an
 // error, and every successful write is there afterwards.
 func TestReconnectReplay(t *testing.T) {
-	e := newEnv(t, envOpts{badger: true, size: 64 << 20, addr: "127.0.0.1:0"})
+	e := newEnv(t, envOpts{thin: true, size: 64 << 20, addr: "127.0.0.1:0"})
 	addr := e.addr
 	c := e.client("replayer", func(c *initiator.Config) {
 		c.ReconnectMin, c.ReconnectMax = 20*time.Millisecond, 200*time.Millisecond
@@ -212,7 +212,7 @@ func TestReconnectReplay(t *testing.T) {
 }
 
 // TestFlushIsDurable: data acknowledged by a FLUSH survives the target
-// dying without a sync or a close: the target (badger store) runs in a
+// dying without a sync or a close: the target (thin store) runs in a
 // child process that is killed with SIGKILL after the Flush and after a
 // later, unflushed write; the store is then opened again from its
 // directory. The flushed block must read back exactly; the unflushed one
@@ -270,7 +270,7 @@ func TestFlushIsDurable(t *testing.T) {
 	}
 	cmd.Wait()
 
-	st, err := store.OpenBadger(dir, store.BadgerOptions{Logger: logger()})
+	st, err := store.OpenThin(dir, store.ThinOptions{Logger: logger()})
 	if err != nil {
 		t.Fatalf("reopen after SIGKILL: %v", err)
 	}
@@ -299,10 +299,10 @@ func TestFlushIsDurable(t *testing.T) {
 
 const flushChildEnv = "RNIC_FLUSH_CHILD_DIR"
 
-// flushChild runs a target over a badger store in dir and prints its
+// flushChild runs a target over a thin store in dir and prints its
 // address; it runs until killed.
 func flushChild(t *testing.T, dir string) {
-	st, err := store.OpenBadger(dir, store.BadgerOptions{Logger: logger()})
+	st, err := store.OpenThin(dir, store.ThinOptions{Logger: logger()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ func TestSlogBadgerLevels(t *testing.T) {
 func TestBadgerLogsThroughSlog(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
-	s, err := OpenBadger(t.TempDir(), BadgerOptions{Logger: log, LogLevel: slog.LevelInfo})
+	s, err := OpenThin(t.TempDir(), ThinOptions{Logger: log, LogLevel: slog.LevelInfo})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,9 @@ type ThinOptions struct {
 	// Logger receives the store's and badger's messages; nil means
 	// slog.Default().
 	Logger *slog.Logger
+	// LogLevel is the lowest badger level forwarded to Logger; nil means
+	// slog.LevelWarn (badger's Info messages report routine compactions).
+	LogLevel slog.Leveler
 	// ClusterSize is the allocation and copy-on-write unit of a new store,
 	// a power of two from 4 KiB to 4 MiB; 0 means DefaultClusterSize. An
 	// existing store keeps the size it was created with.
@@ -30,6 +33,9 @@ type ThinOptions struct {
 const DefaultClusterSize = 64 << 10
 
 const (
+	// minMemTableSize keeps a transaction (15% of a memtable) large
+	// enough for the catalog's operations.
+	minMemTableSize       = 8 << 20
 	minClusterSize        = BlockSize
 	maxClusterSize        = 4 << 20
 	defaultCommitInterval = time.Second
@@ -39,6 +45,9 @@ const (
 func (o ThinOptions) withDefaults() ThinOptions {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.LogLevel == nil {
+		o.LogLevel = slog.LevelWarn
 	}
 	if o.ClusterSize == 0 {
 		o.ClusterSize = DefaultClusterSize
@@ -68,7 +77,7 @@ func (o ThinOptions) validate() error {
 // the LSM tree, small caches.
 func (o ThinOptions) badgerOptions(dir string) badger.Options {
 	return badger.DefaultOptions(dir).
-		WithLogger(slogBadger{log: o.Logger.With("component", "badger"), min: slog.LevelWarn}).
+		WithLogger(slogBadger{log: o.Logger.With("component", "badger"), min: o.LogLevel}).
 		WithSyncWrites(false). // durability comes from the commits' syncs
 		WithDetectConflicts(false).
 		WithMetricsEnabled(false). // badger's metrics are process-global expvars

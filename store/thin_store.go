@@ -116,6 +116,9 @@ func openThinBackend(dir string, opts ThinOptions) (*thinBackend, error) {
 	if IsV1Store(dir) {
 		return nil, fmt.Errorf("%w: run rtarget volume migrate --data %s (see rtarget volume migrate --help)", ErrV1Store, dir)
 	}
+	if _, err := os.Stat(filepath.Join(dir, migrateDir)); err == nil {
+		return nil, fmt.Errorf("%w: run rtarget volume migrate --data %s again to finish it", ErrMigrating, dir)
+	}
 	for _, d := range []string{dir, filepath.Join(dir, thinMetaDir), filepath.Join(dir, thinDataDir)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err

@@ -61,7 +61,7 @@ func main() {
 	flag.StringVar(&o.systems, "systems", "", "comma-separated system names (default: all)")
 	flag.BoolVar(&o.micro, "micro", true, "run the Go micro-benchmarks")
 	flag.BoolVar(&o.profile, "profile", true, "profile rinit and rtarget under 4K random reads")
-	flag.IntVar(&o.cpus, "cpus", -1, "--cpus of rinit and rtarget in the rnic-memory and rnic-badger systems (-1: not passed, their default)")
+	flag.IntVar(&o.cpus, "cpus", -1, "--cpus of rinit and rtarget in the rnic-memory and rnic-thin systems (-1: not passed, their default)")
 	flag.BoolVar(&o.quick, "quick", false, "only what the data path's targets need: "+strings.Join(quickSystems, ", ")+
 		" on "+strings.Join(quickJobs, ", ")+", 3 repetitions of 3 s (after a 1 s ramp), the engine micro-benchmark pairs; "+
 		"prints the target table (results in a temporary directory unless -out is given)")
@@ -577,7 +577,7 @@ func allSystems(bin, size string, cpus int) []system {
 	}
 	return []system{
 		{name: "rnic-memory", title: "rinit -> rtarget (memory store)", ours: true, start: ourStack("memory", cpus)},
-		{name: "rnic-badger", title: "rinit -> rtarget (badger store)", ours: true, start: ourStack("badger", cpus)},
+		{name: "rnic-thin", title: "rinit -> rtarget (thin store, the default)", ours: true, start: ourStack("thin", cpus)},
 		{name: "nbdkit-memory", title: "nbdkit memory", start: nbdkit("memory", size)},
 		{name: "nbdkit-file", title: "nbdkit file", start: nbdkit("file", "{DIR}/disk")},
 		{name: "nbd-server", title: "nbd-server (file)", start: func(dir, work string, _ map[string][]string) ([]*proc, string, error) {

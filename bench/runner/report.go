@@ -132,7 +132,7 @@ func markdown(rep report, jobs []string, systems []system, micro, prof string) s
 	for _, s := range systems {
 		fmt.Fprintf(&b, " %s |", s.name)
 	}
-	b.WriteString(" memory/nbdkit-memory | memory/nbdkit-proxy | badger/nbd-server |\n|---|---|")
+	b.WriteString(" memory/nbdkit-memory | memory/nbdkit-proxy | thin/nbd-server |\n|---|---|")
 	for range systems {
 		b.WriteString("---|")
 	}
@@ -143,7 +143,7 @@ func markdown(rep report, jobs []string, systems []system, micro, prof string) s
 			fmt.Fprintf(&b, " %.0f |", med[j][s.name])
 		}
 		fmt.Fprintf(&b, " %s | %s | %s |\n", ratio(med[j]["rnic-memory"], med[j]["nbdkit-memory"]),
-			ratio(med[j]["rnic-memory"], med[j]["nbdkit-proxy"]), ratio(med[j]["rnic-badger"], med[j]["nbd-server"]))
+			ratio(med[j]["rnic-memory"], med[j]["nbdkit-proxy"]), ratio(med[j]["rnic-thin"], med[j]["nbd-server"]))
 	}
 	cpu := cpuMedians(rep)
 	b.WriteString("\n## Server CPU per I/O (µs of user + system time, median)\n\n" +

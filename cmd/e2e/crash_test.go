@@ -242,7 +242,7 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-// TestCrashConsistency kills rtarget (badger) with SIGKILL at a random
+// TestCrashConsistency kills rtarget (the thin store) with SIGKILL at a random
 // moment while writers write, FUA and flush through a library Client,
 // restarts it on the same data and address, lets the client reconnect and
 // replay, and checks every block: never older than its durable value,

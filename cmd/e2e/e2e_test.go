@@ -247,7 +247,7 @@ func fileSum(t *testing.T, path string, n int64) [32]byte {
 }
 
 // TestNBDClients runs every user-space NBD client against rinit -> rtarget
-// with the badger store on disk.
+// with the thin store on disk.
 func TestNBDClients(t *testing.T) {
 	needTools(t, "nbdinfo", "nbdcopy", "qemu-io", "fio")
 	s := newStack(t, t.TempDir())
@@ -335,7 +335,7 @@ func TestNBDClients(t *testing.T) {
 		}
 	})
 
-	// NBD FLUSH and FUA reach the badger store's sync: every NBD flush
+	// NBD FLUSH and FUA reach the thin store's sync: every NBD flush
 	// is a store sync (qemu-io flushes when it closes the export, even
 	// with cache=unsafe, which only stops it asking for more), and a FUA
 	// write is one more; a plain write is none.
@@ -607,7 +607,7 @@ func TestReloadAndErrors(t *testing.T) {
 	}{
 		{rt, []string{"serve", "--volume", "x:12Q"}, "invalid size"},
 		{rt, []string{"serve", "--listen", "0.0.0.0:0", "--store", "memory"}, "without --secret-file"},
-		{rt, []string{"serve", "--store", "nope"}, "want badger or memory"},
+		{rt, []string{"serve", "--store", "nope"}, "want memory or thin"},
 		{rt, []string{"serve", "--config", "/nonexistent"}, "config"},
 		{ri, []string{"nbd", "--target", "127.0.0.1:1", "--volume", "v", "--listen", freePort(t)}, "connection refused"},
 		{ri, []string{"info", "--target", addr}, "--volume is required"},

@@ -94,7 +94,7 @@ nvme disconnect-all; echo "CHECK disconnect rc=$?"
 // fio, then a restart on the same port and store, leaves fio to finish
 // without a verify error once the host has reconnected, and the file
 // system intact. rtarget serves NVMe/RDMA and its native protocol on one
-// port, with badger.
+// port, with the thin store.
 func TestKernelNVMe(t *testing.T) {
 	cache := linuxvm.TestCache(t)
 	rt, _ := bins(t)

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// TestTargetRSS: the whole rtarget process (badger store, defaults) stays
+// TestTargetRSS: the whole rtarget process (thin store, defaults) stays
 // near 256 MiB of RSS serving a 1 GiB volume through rinit: fio writes
 // 768 MiB of it sequentially, then mixes random 4 KiB reads and writes at
 // QD64 and reads 1 MiB blocks back, while the test samples the process's

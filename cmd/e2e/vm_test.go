@@ -43,7 +43,7 @@ sed 's/^/RINIT /' /tmp/ra
 // TestKernelNBD boots the Linux VM (see internal/linuxvm) and uses the
 // kernel NBD client against rinit on the host, then runs rinit attach in
 // the guest (a static binary through the 9p share) against rtarget on the
-// host. Both volumes live in badger.
+// host. Both volumes live in the thin store.
 func TestKernelNBD(t *testing.T) {
 	cache := linuxvm.TestCache(t)
 	rt, ri := bins(t)

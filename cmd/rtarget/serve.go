@@ -218,6 +218,16 @@ func runServe(c *cli.Context, given []string) error {
 	if _, err := ensureVolumes(ctx, st, specs, log); err != nil {
 		return err
 	}
+	if k, err := findStore(c.String("store")); err == nil {
+		if path := k.control(c); path != "" {
+			ctl, err := listenControl(path, st, log)
+			if err != nil {
+				return err
+			}
+			defer ctl.close()
+			log.Info("control socket", "path", path)
+		}
+	}
 	dev, err := rnic.Open(rnic.Config{Name: "rtarget", Logger: log})
 	if err != nil {
 		return err

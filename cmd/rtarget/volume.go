@@ -26,8 +26,11 @@ func volumeCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "volume",
 		Usage: "manage the volumes of a store",
-		Description: "These commands open the store in --data directly; the store can be open in only one process at\n" +
-			"a time, so run them while rtarget serve is stopped.\n\n" +
+		Description: "While rtarget serve runs on the store, these commands ask it through its control socket (for the\n" +
+			"thin store DATA/rtarget.sock): a volume created is served at once, a volume grown shows its new\n" +
+			"size to initiators as they log in again; deleting, rolling back or shrinking a volume in use is\n" +
+			"refused. When no daemon runs they open the store directly. import, export and migrate always open\n" +
+			"it directly: stop rtarget serve first (or copy through rinit nbd with nbdcopy).\n\n" +
 			"NAME@SNAP names snapshot SNAP of volume NAME. Sizes take K, M, G, T suffixes (powers of 1024).",
 		Subcommands: []*cli.Command{
 			sub("create", "create an empty (all-zero) thin volume of SIZE bytes, or with --raw serve an existing file or "+
@@ -47,6 +50,13 @@ func volumeCommand() *cli.Command {
 			sub("import", "copy a raw image into a volume (creates it with the image's size if missing)", "NAME FILE", volumeImport,
 				progressFlag()),
 			sub("export", "copy a volume or a snapshot out to a raw image file", "NAME[@SNAP] FILE", volumeExport, progressFlag()),
+			{Name: "migrate", Usage: "convert a v1 store (one badger value per block) in --data into a thin store",
+				Description: "Copies every volume of the v1 store into a new thin store (checking each block's CRC; a bad block\n" +
+					"stops the migration and leaves the v1 store as it was), then moves the v1 files to DATA/v1 and\n" +
+					"the thin store into DATA. Delete DATA/v1 once the volumes serve as they should. Needs free space\n" +
+					"for the data written in the volumes. Names with '@' or '/' get '_' (listed). An interrupted\n" +
+					"migration is finished by running it again. rtarget serve must be stopped.",
+				Flags: append(append([]cli.Flag{}, flags...), progressFlag()), Before: clix.LoadConfig, Action: volumeMigrate},
 		},
 	}
 }
@@ -84,6 +94,9 @@ func withStore(c *cli.Context, nargs int, f func(ctx context.Context, st store.S
 		return err
 	}
 	st, err := openStore(c, log, false)
+	if errors.Is(err, store.ErrLocked) {
+		return fmt.Errorf("%w (rtarget serve or another volume command holds it)", err)
+	}
 	if err != nil {
 		return err
 	}
@@ -94,9 +107,40 @@ func withStore(c *cli.Context, nargs int, f func(ctx context.Context, st store.S
 	return err
 }
 
-// withManager runs f on the store.
+// withManager runs f through the control socket of the rtarget serve
+// holding the store, or on the store itself when none does.
 func withManager(c *cli.Context, nargs int, f func(ctx context.Context, m volumeManager, args []string) error) error {
-	return withStore(c, nargs, func(ctx context.Context, st store.Store, args []string) error { return f(ctx, st, args) })
+	if err := checkArgs(c, nargs); err != nil {
+		return err
+	}
+	k, err := findStore(c.String("store"))
+	if err != nil {
+		return err
+	}
+	path := k.control(c)
+	online := func() (bool, error) {
+		if path == "" {
+			return false, nil
+		}
+		cc, err := dialControl(path)
+		if err != nil {
+			return false, nil // no daemon answers: the store is ours to open
+		}
+		defer cc.close()
+		return true, f(c.Context, cc, c.Args().Slice())
+	}
+	if ok, err := online(); ok {
+		return err
+	}
+	err = withStore(c, nargs, func(ctx context.Context, st store.Store, args []string) error { return f(ctx, st, args) })
+	if errors.Is(err, store.ErrLocked) {
+		// A daemon took the store since we looked: ask it.
+		if ok, err := online(); ok {
+			return err
+		}
+		return fmt.Errorf("%w, and nothing answers on its control socket %s", err, path)
+	}
+	return err
 }
 
 // splitSnap parses NAME@SNAP.
@@ -144,6 +188,39 @@ func volumeCreate(c *cli.Context) error {
 		fmt.Fprintf(c.App.Writer, "created %s volume %s (%s)\n", info.Kind, a[0], clix.FormatSize(info.Size))
 		return nil
 	})
+}
+
+func volumeMigrate(c *cli.Context) error {
+	if err := checkArgs(c, 0); err != nil {
+		return err
+	}
+	log, err := clix.Logger(c, os.Stderr)
+	if err != nil {
+		return err
+	}
+	opts, err := thinOptions(c, log)
+	if err != nil {
+		return err
+	}
+	var p *progress
+	rep, err := store.MigrateV1(c.Context, c.String("data"), opts, func(vol string, done, total int64) {
+		if p == nil || p.what != "migrate "+vol {
+			p = newProgress(c.App.ErrWriter, "migrate "+vol, total, showProgress(c))
+		}
+		p.add(done - p.cur)
+	})
+	if err != nil {
+		return err
+	}
+	for _, v := range rep.Volumes {
+		renamed := ""
+		if v.OldName != "" {
+			renamed = fmt.Sprintf(" (was %q)", v.OldName)
+		}
+		fmt.Fprintf(c.App.Writer, "migrated %s%s: %s, %d blocks\n", v.Name, renamed, clix.FormatSize(v.Size), v.Blocks)
+	}
+	fmt.Fprintf(c.App.Writer, "the v1 files are in %s: delete them once the volumes serve as they should\n", rep.Backup)
+	return nil
 }
 
 func volumeList(c *cli.Context) error {

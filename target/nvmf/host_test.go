@@ -46,7 +46,7 @@ type testEnv struct {
 }
 
 type envOpts struct {
-	badger  bool
+	thin    bool
 	volumes map[string]int64 // name -> size (default vol0: 64 MiB)
 	cfg     func(*Config)
 }
@@ -57,9 +57,9 @@ func newTestEnv(t testing.TB, o envOpts) *testEnv {
 		o.volumes = map[string]int64{"vol0": 64 << 20}
 	}
 	var st store.Store
-	if o.badger {
+	if o.thin {
 		var err error
-		if st, err = store.OpenBadger(t.TempDir(), store.BadgerOptions{Logger: testLogger()}); err != nil {
+		if st, err = store.OpenThin(t.TempDir(), store.ThinOptions{Logger: testLogger()}); err != nil {
 			t.Fatal(err)
 		}
 	} else {

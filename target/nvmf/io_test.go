@@ -9,12 +9,12 @@ import (
 	"github.com/rnic-dev/rnic/target"
 )
 
-// TestFlushTrimZeroes on badger: Flush and FUA writes reach the store's
+// TestFlushTrimZeroes on the thin store: Flush and FUA writes reach the store's
 // sync (its Syncs counter), Dataset Management with Deallocate trims
 // (the blocks read as zeros, the trim counter moves), without it nothing
 // happens, and Write Zeroes zeroes.
 func TestFlushTrimZeroes(t *testing.T) {
-	e := newTestEnv(t, envOpts{badger: true})
+	e := newTestEnv(t, envOpts{thin: true})
 	h := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})
 	sy := e.st.(store.Syncer)
 	data := make([]byte, 16*store.BlockSize)

@@ -9,24 +9,6 @@ import (
 	"strings"
 )
 
-// syncAll makes everything committed so far durable. It is the function
-// behind the sync group: Flush, FUA writes and Store.Sync share its runs.
-//
-// db.Sync covers the value log and the WAL of the mutable memtable only.
-// The WALs of full memtables still waiting to become tables are not synced
-// by it (badger v4.9.6), and new files' directory entries are never synced,
-// so syncAll also fsyncs every *.mem file and the directory.
-func (b *badgerBackend) syncAll() error {
-	if err := b.db.Sync(); err != nil {
-		return fmt.Errorf("badger sync: %w", err)
-	}
-	if err := syncBadgerDir(b.dir); err != nil {
-		return err
-	}
-	b.syncs.Add(1)
-	return nil
-}
-
 // syncBadgerDir fsyncs the memtable WALs (*.mem) of a badger directory and
 // the directory itself: db.Sync covers the WAL of the mutable memtable
 // only (badger v4.9.6), not those of full memtables still waiting to

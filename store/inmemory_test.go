@@ -6,11 +6,11 @@ import (
 )
 
 // TestInMemory: a memory store's volumes say they only copy memory (the
-// front ends then run their requests in the completion loop); a badger
+// front ends then run their requests in the completion loop); a thin
 // store's do not.
 func TestInMemory(t *testing.T) {
 	ctx := context.Background()
-	b, err := OpenBadger(t.TempDir(), BadgerOptions{})
+	b, err := OpenThin(t.TempDir(), ThinOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -19,7 +19,7 @@ func TestInMemory(t *testing.T) {
 		name string
 		st   Store
 		want bool
-	}{{"memory", NewMemory(), true}, {"badger", b, false}} {
+	}{{"memory", NewMemory(), true}, {"thin", b, false}} {
 		if _, err := c.st.CreateVolume(ctx, "v", 1<<20, CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}

@@ -130,7 +130,7 @@ func Handshake(c net.Conn, o Options) (*Peer, error) {
 	rep, err := mpa.ReadFrame(cr, true)
 	if err != nil {
 		if cr.n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
-			return nil, fmt.Errorf("%w: %v", ErrNoReply, err)
+			return nil, fmt.Errorf("%w: %w", ErrNoReply, err)
 		}
 		return nil, fmt.Errorf("rawpeer: read MPA Reply: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -121,6 +122,13 @@ func (m *crashModel) write(ctx context.Context, c *initiator.Client, buf []byte,
 func (m *crashModel) flush(ctx context.Context, c *initiator.Client) error {
 	m.flushMu.Lock()
 	defer m.flushMu.Unlock()
+	_, err := m.flushLocked(ctx, c)
+	return err
+}
+
+// flushLocked flushes with flushMu held exclusively; it reports whether
+// every write acknowledged so far is durable now.
+func (m *crashModel) flushLocked(ctx context.Context, c *initiator.Client) (bool, error) {
 	m.mu.Lock()
 	covered := m.pending
 	m.pending = nil
@@ -134,15 +142,15 @@ func (m *crashModel) flush(ctx context.Context, c *initiator.Client) error {
 			m.durable[w.block] = max(m.durable[w.block], w.seq)
 		}
 		m.mu.Unlock()
-		return nil
+		return true, nil
 	case errors.Is(err, initiator.ErrWritesLost):
 		// By design after a crash: the writes since the last good flush
 		// are not durable (they stay allowed, as values written after).
 		m.flushLost.Add(1)
-		return nil
+		return false, nil
 	default:
 		m.flushError.Add(1)
-		return fmt.Errorf("flush: %w", err)
+		return false, fmt.Errorf("flush: %w", err)
 	}
 }
 
@@ -243,10 +251,13 @@ func testLogger() *slog.Logger {
 }
 
 // TestCrashConsistency kills rtarget (the thin store) with SIGKILL at a random
-// moment while writers write, FUA and flush through a library Client,
-// restarts it on the same data and address, lets the client reconnect and
-// replay, and checks every block: never older than its durable value,
-// never torn. RNIC_CRASH_CYCLES sets the number of kills (default 3),
+// moment while writers write, FUA and flush through a library Client and
+// snapshots, clones (written to with FUA) and snapshot deletions are made
+// through the control socket, restarts it on the same data and address,
+// lets the client reconnect and replay, and checks every block: never
+// older than its durable value, never torn; every snapshot within its
+// bounds when taken and unchanged ever after; every clone its snapshot
+// plus its own durable writes. RNIC_CRASH_CYCLES sets the number of kills (default 3),
 // RNIC_CRASH_SEED the seed.
 func TestCrashConsistency(t *testing.T) {
 	cycles := envInt(t, "RNIC_CRASH_CYCLES", 3)
@@ -270,6 +281,8 @@ func TestCrashConsistency(t *testing.T) {
 	defer c.Close()
 
 	m := &crashModel{}
+	sn := newCrashSnaps(t, filepath.Join(data, "rtarget.sock"), addr, "vol")
+	defer sn.close()
 	const writers = 8
 	began := time.Now()
 	var totalBlocks int
@@ -297,6 +310,12 @@ func TestCrashConsistency(t *testing.T) {
 				}
 			}()
 		}
+		snapSeed := rng.Uint64()
+		snapDone := make(chan struct{})
+		go func() {
+			defer close(snapDone)
+			sn.run(ctx, m, c, stop, rand.New(rand.NewPCG(snapSeed, 2)))
+		}()
 		flushSeed := rng.Uint64()
 		flushErr := make(chan error, 1)
 		go func() {
@@ -325,6 +344,7 @@ func TestCrashConsistency(t *testing.T) {
 		time.Sleep(runAfter) // writes and flushes go on against the new target
 		close(stop)
 		wg.Wait()
+		<-snapDone
 		if err := <-flushErr; err != nil {
 			t.Fatalf("cycle %d: %v", cycle, err)
 		}
@@ -347,6 +367,17 @@ func TestCrashConsistency(t *testing.T) {
 			}
 			t.Fatalf("cycle %d: %d blocks violate crash consistency (RNIC_CRASH_SEED=%d)", cycle, len(st.problems), seed)
 		}
+		if problems := sn.verify(ctx); len(problems) > 0 {
+			for i, p := range problems {
+				if i == 20 {
+					t.Errorf("... and %d more", len(problems)-i)
+					break
+				}
+				t.Error(p)
+			}
+			t.Fatalf("cycle %d: snapshots or clones violate crash consistency (RNIC_CRASH_SEED=%d)", cycle, seed)
+		}
+		t.Logf("cycle %d: %s", cycle, sn.summary())
 	}
 	checkTheChecker(ctx, t, m, c)
 	t.Logf("%d cycles survived in %s: %d blocks verified; writes %d acknowledged (%d FUA), %d failed; "+

@@ -12,7 +12,8 @@ import (
 )
 
 func main() {
-	if err := newApp().Run(os.Args); err != nil {
+	app := newApp()
+	if err := app.Run(clix.FlagsFirst(app, os.Args)); err != nil {
 		clix.Exit("rtarget", err)
 	}
 }

@@ -409,3 +409,69 @@ func StartProfile(c *cli.Context) (stop func(), err error) {
 	}
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
+
+// FlagsFirst returns args (a whole command line, program name first) with
+// the flags that follow the positional arguments of the command they name
+// moved before them, so "rtarget volume create NAME SIZE --data DIR" parses
+// as "rtarget volume create --data DIR NAME SIZE" (urfave/cli stops at the
+// first argument that is not a flag). A flag's value moves with it unless
+// the flag is a boolean; "--" ends the reordering.
+func FlagsFirst(app *cli.App, args []string) []string {
+	if len(args) < 2 {
+		return args
+	}
+	out := []string{args[0]}
+	cmds, flags := app.Commands, app.Flags
+	i := 1
+	// Find the command: leading words that name subcommands.
+	for i < len(args) {
+		a := args[i]
+		if strings.HasPrefix(a, "-") {
+			break
+		}
+		var next *cli.Command
+		for _, c := range cmds {
+			if c.HasName(a) {
+				next = c
+			}
+		}
+		if next == nil {
+			break
+		}
+		out = append(out, a)
+		cmds, flags = next.Subcommands, next.Flags
+		i++
+	}
+	isBool := func(name string) (known, boolean bool) {
+		name = strings.TrimLeft(name, "-")
+		name, _, _ = strings.Cut(name, "=")
+		for _, f := range flags {
+			for _, n := range f.Names() {
+				if n == name {
+					_, ok := f.(*cli.BoolFlag)
+					return true, ok
+				}
+			}
+		}
+		return false, false
+	}
+	var moved, positional []string
+	for ; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			positional = append(positional, args[i:]...)
+			break
+		}
+		known, boolean := isBool(a)
+		if !strings.HasPrefix(a, "-") || a == "-" || !known {
+			positional = append(positional, a)
+			continue
+		}
+		moved = append(moved, a)
+		if !boolean && !strings.Contains(a, "=") && i+1 < len(args) {
+			i++
+			moved = append(moved, args[i])
+		}
+	}
+	return append(append(out, moved...), positional...)
+}

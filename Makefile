@@ -27,7 +27,7 @@ deps:
 # Ceph 16 client packages first. The default build stays pure Go and static.
 CEPH_TAGS := ceph,pacific
 ceph:
-	@./.ci/ceph-cluster deps
+	@./.ci/ceph-cluster deps client
 	$(GO) build -tags $(CEPH_TAGS) -o bin/rtarget-ceph ./cmd/rtarget
 
 # The rbd backend's tests against a single-node cluster the script starts

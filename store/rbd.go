@@ -86,7 +86,7 @@ func OpenRBD(ctx context.Context, o RBDOptions) (Store, error) {
 		return nil, fmt.Errorf("store: rbd: %w", err)
 	}
 	be := &rbdBackend{cfg: cfg, spec: o.Pool, conn: conn, pool: pool, fsid: fsid, log: o.Logger,
-		heads: make(map[string]*rbdHead)}
+		heads: make(map[string]*rbdHead), opening: make(map[string]chan struct{})}
 	return newVolumeStore(be), nil
 }
 
@@ -119,8 +119,9 @@ type rbdBackend struct {
 	fsid string
 	log  *slog.Logger
 
-	mu    sync.Mutex
-	heads map[string]*rbdHead // open heads by volume name
+	mu      sync.Mutex
+	heads   map[string]*rbdHead      // open heads by volume name
+	opening map[string]chan struct{} // heads being opened: closed when done
 }
 
 // withImage runs fn on the volume's image: the open head's if this store

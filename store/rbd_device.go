@@ -46,32 +46,40 @@ type rbdHead struct {
 }
 
 // openHead returns the head of volume name, opening it (and taking the
-// volume over) on first use.
+// volume over) on first use. Concurrent first opens of one volume wait for
+// one take-over: two would blocklist each other.
 func (b *rbdBackend) openHead(ctx context.Context, name string) (*rbdHead, error) {
-	b.mu.Lock()
-	if h := b.heads[name]; h != nil {
-		h.refs++
+	for {
+		b.mu.Lock()
+		if h := b.heads[name]; h != nil {
+			h.refs++
+			b.mu.Unlock()
+			return h, nil
+		}
+		wait, busy := b.opening[name]
+		if !busy {
+			break // b.mu held
+		}
 		b.mu.Unlock()
-		return h, nil
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
+	done := make(chan struct{})
+	b.opening[name] = done
 	b.mu.Unlock()
 	h, err := b.takeOver(ctx, name)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.opening, name)
+	close(done)
 	if err != nil {
 		return nil, err
 	}
-	b.mu.Lock()
-	if other := b.heads[name]; other != nil {
-		// Opened concurrently by another handle of this store: use that
-		// one (closing ours releases the lock it took; the other's lock
-		// then moves back to it at its next write).
-		other.refs++
-		b.mu.Unlock()
-		h.close()
-		return other, nil
-	}
 	h.refs = 1
 	b.heads[name] = h
-	b.mu.Unlock()
 	return h, nil
 }
 

@@ -68,3 +68,38 @@ func TestRBDOnlineManagement(t *testing.T) {
 		t.Fatal("the clone does not hold the snapshot's data")
 	}
 }
+
+// TestRBDConcurrentOpens: handles of one store opened at the same moment
+// share one take-over (two would blocklist each other): every one of them
+// writes.
+func TestRBDConcurrentOpens(t *testing.T) {
+	s, _ := freshStore(t)
+	ctx := context.Background()
+	if _, err := s.CreateVolume(ctx, "vol", 4<<20, store.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 8
+	errs := make(chan error, n)
+	vols := make(chan store.Volume, n)
+	for i := range n {
+		go func() {
+			v, err := s.OpenVolume(ctx, "vol")
+			if err == nil {
+				vols <- v
+				err = v.WriteBlocks(ctx, uint64(i), storetest.Pattern(uint64(i), 1, 1), false)
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(vols)
+	for v := range vols {
+		if err := v.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

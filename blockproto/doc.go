@@ -86,8 +86,7 @@
 //
 // The target sets FlagInline only if the LOGIN did and it answers inline
 // reads; then READs of at most L bytes may ask for DATA (below). Without
-// the flag the WELCOME is laid out as it always was, so an initiator that
-// never asks sees no change.
+// the flag the WELCOME has no inline limit field: its grants start at 104.
 //
 // REJECT (0x05) has the RESPONSE layout (below), tag 0, no grant and a
 // status other than OK; the target closes the QP after it. A LOGIN with

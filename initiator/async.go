@@ -10,14 +10,35 @@ import (
 
 // Asynchronous reads and writes: the NBD front end starts each request
 // from the goroutine that reads it off the client's connection and is told
-// the outcome by a callback, so a request costs no goroutine of its own
-// and no hand-off to wake one: the command goes out from the reader, the
-// answer is handled by the QP's poller, which completes the request on the
-// spot. Whatever cannot take this path at once (no live session, no free
-// slot or staging buffer, a request larger than one transfer, a write
-// while a Flush waits) runs the blocking path in a goroutine instead, and
-// so does a request whose connection was lost in flight: ReadAt and
-// WriteAt then wait for the reconnect and replay it.
+// the outcome through its Completion, so a request costs no goroutine of
+// its own and no hand-off to wake one: the command goes out from the
+// reader, the answer is handled by the QP's completion handler, which
+// completes the request on the spot, and the replies of one batch of
+// completions leave together when the handler flushes the Completions'
+// Flushers. The caller's buffer is the RDMA source or sink itself
+// (Fast-Registered for the transfer and invalidated after it): no staging
+// copy. Whatever cannot take this path at once (no live session, no free
+// slot, a request larger than one transfer, a write while a Flush waits)
+// runs the blocking path in a goroutine instead, and so does a request
+// whose connection was lost in flight: ReadAt and WriteAt then wait for
+// the reconnect and replay it.
+
+// Completion receives the outcome of a request started with StartRead or
+// StartWrite. Complete is called exactly once, possibly before the Start
+// call returns, else from a goroutine of the client's; it must not block.
+// It may return a Flusher (nil: none): the client calls its Flush once the
+// burst of completions it is delivering has ended (once per distinct
+// Flusher), or right away when it delivers no burst, so the completer can
+// act on a whole burst at once (one write of all its replies).
+//
+// An alias of an interface literal, so that a package defining the same
+// alias (initiator/nbd does) names the identical type.
+type Completion = interface {
+	Complete(err error) Flusher
+}
+
+// Flusher is what a Completion returns to be flushed after a burst.
+type Flusher = interface{ Flush() }
 
 // asyncReq is a request started by StartRead or StartWrite.
 type asyncReq struct {
@@ -28,41 +49,39 @@ type asyncReq struct {
 	off   int64
 	fua   bool
 	token uint64
-	done  func(error)
+	cpl   Completion
 	// barrier: the request holds c.barrier shared (a write), released
 	// when it completes.
 	barrier bool
 }
 
-// StartRead starts filling p with the bytes at off (as ReadAt) and calls
-// done with the outcome exactly once: possibly before StartRead returns,
-// else from a goroutine of the client's, which done must not block. p must
-// not be used until then. ctx bounds the request only when it takes the
-// blocking path.
-func (c *Client) StartRead(ctx context.Context, p []byte, off int64, done func(error)) {
+// StartRead starts filling p with the bytes at off (as ReadAt) and reports
+// the outcome to cpl. p must not be used until then. ctx bounds the
+// request only when it takes the blocking path.
+func (c *Client) StartRead(ctx context.Context, p []byte, off int64, cpl Completion) {
 	if err := c.check(off, int64(len(p))); err != nil {
-		done(err)
+		complete(cpl, err)
 		return
 	}
-	a := asyncReq{c: c, ctx: ctx, op: blockproto.OpRead, p: p, off: off, done: done}
+	a := asyncReq{c: c, ctx: ctx, op: blockproto.OpRead, p: p, off: off, cpl: cpl}
 	if !c.startAsync(&a) {
 		go a.block()
 	}
 }
 
 // StartWrite starts writing p at off (as WriteAt, with the fence token
-// set by SetFence) and calls done with the outcome, as StartRead does. p
+// set by SetFence) and reports the outcome to cpl, as StartRead does. p
 // must not be changed until then.
-func (c *Client) StartWrite(ctx context.Context, p []byte, off int64, fua bool, done func(error)) {
+func (c *Client) StartWrite(ctx context.Context, p []byte, off int64, fua bool, cpl Completion) {
 	if err := c.check(off, int64(len(p))); err != nil {
-		done(err)
+		complete(cpl, err)
 		return
 	}
 	if c.readOnly {
-		done(fmt.Errorf("%w: %s", ErrReadOnly, c.cfg.Volume))
+		complete(cpl, fmt.Errorf("%w: %s", ErrReadOnly, c.cfg.Volume))
 		return
 	}
-	a := asyncReq{c: c, ctx: ctx, op: blockproto.OpWrite, p: p, off: off, fua: fua, token: c.fence.Load(), done: done}
+	a := asyncReq{c: c, ctx: ctx, op: blockproto.OpWrite, p: p, off: off, fua: fua, token: c.fence.Load(), cpl: cpl}
 	// Held shared until the write completes, so a Flush waits for it;
 	// while a Flush waits, new writes take the blocking path behind it.
 	if !c.barrier.TryRLock() {
@@ -77,21 +96,39 @@ func (c *Client) StartWrite(ctx context.Context, p []byte, off int64, fua bool, 
 	}
 }
 
-// Plug holds back the commands started from now on until the returned
-// function is called, so that a burst of them leaves in one write per QP
-// (rnic.QP.Plug). Call it before waiting for anything.
-func (c *Client) Plug() (unplug func()) {
+// complete reports err to cpl outside a burst: its Flusher is flushed at
+// once.
+func complete(cpl Completion, err error) {
+	if f := cpl.Complete(err); f != nil {
+		f.Flush()
+	}
+}
+
+// Unplugger ends a Plug.
+type Unplugger = interface{ Unplug() }
+
+// Plug holds back the commands started from now on until Unplug is called
+// on what it returns, so that a burst of them leaves in one write per QP
+// (rnic.QP.Plug). Call Unplug before waiting for anything.
+func (c *Client) Plug() Unplugger {
 	s := c.live()
 	if s == nil {
-		return func() {}
+		return noPlug{}
 	}
 	for _, q := range s.qps {
-		q.qp.Plug()
+		q.QP.Plug()
 	}
-	return func() {
-		for _, q := range s.qps {
-			q.qp.Unplug()
-		}
+	return s
+}
+
+type noPlug struct{}
+
+func (noPlug) Unplug() {}
+
+// Unplug ends a Plug of the session's QPs.
+func (s *session) Unplug() {
+	for _, q := range s.qps {
+		q.QP.Unplug()
 	}
 }
 
@@ -114,54 +151,32 @@ func (c *Client) startAsync(a *asyncReq) bool {
 	if s == nil || len(a.p) == 0 || len(a.p) > s.maxTransfer {
 		return false
 	}
-	q := s.pick(len(a.p))
-	var i int
-	select {
-	case i = <-q.free:
-	default:
+	sl := s.pick(len(a.p)).tryAcquire()
+	if sl == nil {
 		return false
-	}
-	// A staging buffer for the RDMA Write or Read; an inline READ's data
-	// comes in the target's Send and goes straight to p (onData).
-	var b *bbuf
-	if a.op != blockproto.OpRead || uint32(len(a.p)) > q.inline {
-		if b = s.bounce.tryGet(len(a.p)); b == nil {
-			q.free <- i
-			return false
-		}
-	}
-	if a.op == blockproto.OpWrite {
-		copy(b.b, a.p)
 	}
 	var flags uint16
 	if a.fua {
 		flags = blockproto.FlagFUA
 	}
-	sl := &q.slots[i]
-	sl.op, sl.flags, sl.off, sl.n, sl.token, sl.bounce = a.op, flags, uint64(a.off), uint32(len(a.p)), a.token, b
+	sl.op, sl.flags, sl.off, sl.n, sl.token, sl.p = a.op, flags, uint64(a.off), uint32(len(a.p)), a.token, a.p
 	sl.async, sl.areq = true, *a
 	if err := sl.start(); err != nil { // the QP died; start freed the slot
-		sl.async, sl.areq, sl.bounce = false, asyncReq{}, nil
-		s.bounce.put(b)
+		sl.async, sl.areq, sl.p = false, asyncReq{}, nil
 		return false
 	}
 	return true
 }
 
-// completeAsync ends an exchange started by startAsync (from finish).
-func (sl *islot) completeAsync() {
+// completeAsync ends an exchange started by startAsync (from finish): the
+// slot is free again before the Completion runs.
+func (sl *slot) completeAsync() {
 	q := sl.q
 	a := sl.areq
-	sl.async, sl.areq = false, asyncReq{}
+	sl.async, sl.areq, sl.p = false, asyncReq{}, nil
 	_, err := sl.collect()
-	b := sl.bounce
-	sl.bounce = nil
-	if err == nil && a.op == blockproto.OpRead && b != nil {
-		copy(a.p, b.b[:sl.n])
-	}
 	sl.state.Store(slotIdle)
 	q.free <- sl.idx
-	q.s.bounce.put(b)
 	if a.barrier {
 		a.c.barrier.RUnlock()
 		a.barrier = false
@@ -170,7 +185,13 @@ func (sl *islot) completeAsync() {
 		go a.block() // replayed once a session is back
 		return
 	}
-	a.done(err)
+	if f := a.cpl.Complete(err); f != nil {
+		if q.handling {
+			q.addFlusher(f)
+		} else {
+			f.Flush()
+		}
+	}
 }
 
 // block runs a on the blocking path and reports its outcome.
@@ -182,5 +203,14 @@ func (a asyncReq) block() {
 	case blockproto.OpWrite:
 		err = a.c.WriteAtToken(a.ctx, a.p, a.off, a.fua, a.token)
 	}
-	a.done(err)
+	complete(a.cpl, err)
+}
+
+// CompletionFunc adapts a function to a Completion without a Flusher.
+type CompletionFunc func(err error)
+
+// Complete calls f.
+func (f CompletionFunc) Complete(err error) Flusher {
+	f(err)
+	return nil
 }

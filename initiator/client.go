@@ -298,7 +298,7 @@ func (c *Client) retry(ctx context.Context, fn func(s *session) error) error {
 	}
 }
 
-// noteAck records an acknowledged write for ErrWritesLost (poller).
+// noteAck records an acknowledged write for ErrWritesLost (completion handler).
 func (c *Client) noteAck(s *session, op blockproto.Opcode, flags uint16) {
 	switch op {
 	case blockproto.OpWrite, blockproto.OpWriteZeroes:

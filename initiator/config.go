@@ -29,10 +29,9 @@ type Config struct {
 	Device *rnic.Device
 	Logger *slog.Logger
 
-	QPs         int   // QPs per session: 2
-	QueueDepth  int   // credits asked for per QP: 32
-	BounceBytes int64 // registered staging memory: 64 MiB
-	ORD         int   // outstanding RDMA Reads and atomics per QP: 16
+	QPs        int // QPs per session: 2
+	QueueDepth int // credits asked for per QP: 32
+	ORD        int // outstanding RDMA Reads and atomics per QP: 16
 	// InlineRead is the largest read asked for inline: the target answers
 	// it with the data in its Send (DATA) instead of advertising a buffer
 	// to RDMA-Read, if it offers inline reads. 8 KiB (a multiple of 512,
@@ -93,9 +92,6 @@ func (c *Config) fill() error {
 	}
 	if c.QueueDepth > 1<<15 {
 		c.QueueDepth = 1 << 15
-	}
-	if c.BounceBytes <= 0 {
-		c.BounceBytes = 64 << 20
 	}
 	if c.LoginTimeout <= 0 {
 		c.LoginTimeout = 10 * time.Second

@@ -97,7 +97,7 @@ func TestGrantSTagDeadAfterUse(t *testing.T) {
 		t.Fatal("no grant was consumed by 8 WRITEs")
 	}
 	old := used[0]
-	if _, err := q.qp.PostSend(rnic.SendWR{ID: 999, Op: rnic.WRWrite, SGL: []rnic.SGE{{STag: q.txMR.STag(), TO: 0, Len: 64}},
+	if _, err := q.QP.PostSend(rnic.SendWR{ID: 999, Op: rnic.WRWrite, SGL: []rnic.SGE{q.AreaSGE(0, 64)},
 		Remote: rnic.RemoteAddr{STag: rnic.STag(old.stag), TO: old.to}}); err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestGrantSTagDeadAfterUse(t *testing.T) {
 			t.Logf("%d grants consumed by WRITEs; a Write through the first one got: %v", len(used), ev.Terminate.Cause)
 			return
 		case <-ctx.Done():
-			t.Fatalf("no Terminate for a Write through a used grant %#x@%#x; QP state %v", old.stag, old.to, q.qp.State())
+			t.Fatalf("no Terminate for a Write through a used grant %#x@%#x; QP state %v", old.stag, old.to, q.QP.State())
 		}
 	}
 }

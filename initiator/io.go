@@ -2,8 +2,10 @@ package initiator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/rnic-dev/rnic/blockproto"
 )
@@ -34,7 +36,7 @@ func (c *Client) ReadAt(ctx context.Context, p []byte, off int64) error {
 	}
 	return c.retry(ctx, func(s *session) error {
 		return s.chunks(ctx, len(p), s.maxTransfer, func(at, n int) error {
-			_, err := s.do(ctx, blockproto.OpRead, 0, uint64(off)+uint64(at), uint32(n), 0, nil, p[at:at+n])
+			_, err := s.do(ctx, blockproto.OpRead, 0, uint64(off)+uint64(at), uint32(n), 0, p[at:at+n])
 			return err
 		})
 	})
@@ -62,7 +64,7 @@ func (c *Client) WriteAtToken(ctx context.Context, p []byte, off int64, fua bool
 	defer c.barrier.RUnlock()
 	return c.retry(ctx, func(s *session) error {
 		return s.chunks(ctx, len(p), s.maxTransfer, func(at, n int) error {
-			_, err := s.do(ctx, blockproto.OpWrite, flags, uint64(off)+uint64(at), uint32(n), token, p[at:at+n], nil)
+			_, err := s.do(ctx, blockproto.OpWrite, flags, uint64(off)+uint64(at), uint32(n), token, p[at:at+n])
 			return err
 		})
 	})
@@ -79,7 +81,7 @@ func (c *Client) Flush(ctx context.Context) error {
 	first := c.unflushed.Load()
 	var boot uint64
 	err := c.retry(ctx, func(s *session) error {
-		_, err := s.do(ctx, blockproto.OpFlush, 0, 0, 0, 0, nil, nil)
+		_, err := s.do(ctx, blockproto.OpFlush, 0, 0, 0, 0, nil)
 		boot = s.bootID
 		return err
 	})
@@ -125,7 +127,7 @@ func (c *Client) discard(ctx context.Context, op blockproto.Opcode, off, length 
 	return c.retry(ctx, func(s *session) error {
 		for at := int64(0); at < length; at += maxDiscard {
 			n := min(length-at, maxDiscard)
-			if _, err := s.do(ctx, op, flags, uint64(off+at), uint32(n), token, nil, nil); err != nil {
+			if _, err := s.do(ctx, op, flags, uint64(off+at), uint32(n), token, nil); err != nil {
 				return err
 			}
 		}
@@ -163,3 +165,42 @@ func (s *session) chunks(ctx context.Context, total, max int, f func(at, n int) 
 // SetFence sets the fencing token that WriteAt, Trim and WriteZeroes
 // carry from now on (0: none). Draw tokens with Token or with a Lock.
 func (c *Client) SetFence(token uint64) { c.fence.Store(token) }
+
+// run starts the exchange set up in the slot's fields and waits for its
+// end; the slot is free again when it returns. When ctx ends first, an
+// exchange that has not mapped the caller's memory is abandoned (the
+// handler cleans up after it); one that has is waited for, for
+// abandonGrace at most, after which the QP is reset: once it is stopped
+// the RNIC no longer reaches the memory, and the session is replaced.
+func (sl *slot) run(ctx context.Context) (result, error) {
+	if err := sl.start(); err != nil {
+		return result{}, err
+	}
+	select {
+	case <-sl.done:
+	case <-ctx.Done():
+		if sl.state.CompareAndSwap(slotInflight, slotAbandoned) {
+			return result{}, ctx.Err()
+		}
+		t := time.NewTimer(abandonGrace)
+		select {
+		case <-sl.done:
+			t.Stop()
+		case <-t.C:
+			sl.q.die(fmt.Errorf("%w: a cancelled request's data was still moving after %v", errConnLost, abandonGrace))
+			<-sl.done // failed once the QP stopped
+		}
+	}
+	res, err := sl.collect()
+	sl.p = nil
+	sl.state.Store(slotIdle)
+	sl.q.free <- sl.idx
+	if err != nil && ctx.Err() != nil && errors.Is(err, errConnLost) {
+		err = ctx.Err()
+	}
+	return res, err
+}
+
+// abandonGrace bounds the wait for the data transfer of a request whose
+// context ended.
+const abandonGrace = 2 * time.Second

@@ -45,9 +45,9 @@ func permanent(err error) bool {
 
 // login connects the QP and runs LOGIN/CHALLENGE/PROOF/WELCOME; join adds
 // it to the session whose ID the first QP's WELCOME gave.
-func (q *iqp) login(ctx context.Context, join bool) error {
+func (q *conn) login(ctx context.Context, join bool) error {
 	s, c := q.s, q.s.c
-	if _, err := c.dev.Connect(ctx, q.qp, s.addr, rnic.ConnParams{ORD: c.cfg.ORD, IRD: 1, LargeFPDU: true}); err != nil {
+	if _, err := c.dev.Connect(ctx, q.QP, s.addr, rnic.ConnParams{ORD: c.cfg.ORD, IRD: 1, LargeFPDU: true}); err != nil {
 		return fmt.Errorf("initiator: connect %s: %w", s.addr, err)
 	}
 	nonce, err := blockproto.NewNonce()
@@ -59,13 +59,13 @@ func (q *iqp) login(ctx context.Context, join bool) error {
 	if join {
 		f.Join, f.SessionID = true, s.id
 	}
-	area, to := q.loginArea()
+	area := q.Areas(q.loginArea, loginAreas)
 	lm, err := blockproto.EncodeLogin(area, &f)
 	if err != nil {
 		return err
 	}
 	login := append(blockproto.Login(nil), lm...)
-	if err := q.sendLogin(ctx, to, len(lm)); err != nil {
+	if err := q.sendLogin(len(lm)); err != nil {
 		return err
 	}
 	msg, err := q.waitLoginMsg(ctx)
@@ -74,16 +74,16 @@ func (q *iqp) login(ctx context.Context, join bool) error {
 	}
 	chm, err := blockproto.ParseChallenge(msg)
 	if err != nil {
-		return fmt.Errorf("%w: expected CHALLENGE: %v", ErrProtocol, err)
+		return fmt.Errorf("%w: expected CHALLENGE: %w", ErrProtocol, err)
 	}
 	challenge := append(blockproto.Challenge(nil), chm...)
 	mac, err := blockproto.InitiatorProof(c.cfg.Secret, login, challenge)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrAuth, err)
+		return fmt.Errorf("%w: %w", ErrAuth, err)
 	}
 	pm := blockproto.EncodeProof(area, mac[:])
 	proof := append(blockproto.Proof(nil), pm...)
-	if err := q.sendLogin(ctx, to, len(pm)); err != nil {
+	if err := q.sendLogin(len(pm)); err != nil {
 		return err
 	}
 	msg, err = q.waitLoginMsg(ctx)
@@ -92,7 +92,7 @@ func (q *iqp) login(ctx context.Context, join bool) error {
 	}
 	w, err := blockproto.ParseWelcome(msg)
 	if err != nil {
-		return fmt.Errorf("%w: expected WELCOME: %v", ErrProtocol, err)
+		return fmt.Errorf("%w: expected WELCOME: %w", ErrProtocol, err)
 	}
 	tp, err := blockproto.TargetProof(c.cfg.Secret, login, challenge, proof, w)
 	if err != nil || !blockproto.ProofEqual(tp[:], w.TargetProof()) {
@@ -119,7 +119,9 @@ func (q *iqp) login(ctx context.Context, join bool) error {
 		return fmt.Errorf("%w: inline reads of %d bytes granted, %d asked", ErrProtocol, wf.Inline, q.askInline)
 	}
 	q.inline = wf.Inline
-	q.setCredits(int(wf.Credits))
+	if err := q.setCredits(int(wf.Credits)); err != nil {
+		return err
+	}
 	q.grants = append(q.grants[:0], wf.Grants...)
 	// The target registers the lock table once per QP, in that QP's
 	// protection domain: an atomic must name the STag of the QP it uses.
@@ -129,9 +131,9 @@ func (q *iqp) login(ctx context.Context, join bool) error {
 
 // sendLogin sends n bytes of the login area, unsignaled: the area is
 // next written after the target answered, when the Send is long gone.
-func (q *iqp) sendLogin(_ context.Context, to uint64, n int) error {
-	wr := rnic.SendWR{Op: rnic.WRSend, Unsignaled: true, SGL: []rnic.SGE{{STag: q.txMR.STag(), TO: to, Len: uint32(n)}}}
-	if _, err := q.qp.PostSend(wr); err != nil {
+func (q *conn) sendLogin(n int) error {
+	wr := rnic.SendWR{Op: rnic.WRSend, Unsignaled: true, SGL: []rnic.SGE{q.AreaSGE(q.loginArea, n)}}
+	if _, err := q.QP.PostSend(wr); err != nil {
 		return fmt.Errorf("initiator: login: %w", err)
 	}
 	return nil
@@ -139,38 +141,30 @@ func (q *iqp) sendLogin(_ context.Context, to uint64, n int) error {
 
 // waitLoginMsg waits for the next message, reposting its receive; a
 // REJECT becomes a *LoginError.
-func (q *iqp) waitLoginMsg(ctx context.Context) ([]byte, error) {
-	wc, err := q.waitWC(ctx)
-	if err != nil {
-		return nil, err
+func (q *conn) waitLoginMsg(ctx context.Context) ([]byte, error) {
+	var w [1]rnic.WC
+	if _, err := q.CQ.Wait(ctx, w[:]); err != nil {
+		return nil, fmt.Errorf("initiator: login: %w", err)
+	}
+	wc := &w[0]
+	if wc.Status != rnic.StatusSuccess {
+		return nil, fmt.Errorf("initiator: login: %w (the target closed the connection)", wc.Err())
 	}
 	if wc.Op != rnic.WRRecv {
 		return nil, fmt.Errorf("%w: unexpected completion %v during login", ErrProtocol, wc.Op)
 	}
-	i := int(wc.ID)
-	msg := append([]byte(nil), q.rx(i)[:wc.Bytes]...)
+	msg := append([]byte(nil), q.Received(wc)...)
 	// A REJECT first: the target closes right after it, so reposting the
 	// receive may already fail, and the REJECT is the error that matters.
 	if _, op, ok := blockproto.PeekOpcode(msg); ok && op == blockproto.OpReject {
 		r, err := blockproto.ParseResponse(msg)
 		if err != nil {
-			return nil, fmt.Errorf("%w: bad REJECT: %v", ErrProtocol, err)
+			return nil, fmt.Errorf("%w: bad REJECT: %w", ErrProtocol, err)
 		}
 		return nil, &LoginError{Status: r.Status(), Detail: string(r.Detail())}
 	}
-	if err := q.repost(i); err != nil {
+	if err := q.Repost(int(wc.ID)); err != nil {
 		return nil, err
 	}
 	return msg, nil
-}
-
-func (q *iqp) waitWC(ctx context.Context) (rnic.WC, error) {
-	var wc [1]rnic.WC
-	if _, err := q.cq.Wait(ctx, wc[:]); err != nil {
-		return rnic.WC{}, fmt.Errorf("initiator: login: %w", err)
-	}
-	if wc[0].Status != rnic.StatusSuccess {
-		return rnic.WC{}, fmt.Errorf("initiator: login: %w (the target closed the connection)", wc[0].Err())
-	}
-	return wc[0], nil
 }

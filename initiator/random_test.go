@@ -116,13 +116,13 @@ func asyncBatch(ctx context.Context, c *initiator.Client, m *model, base, span i
 		done := func(err error) { q.err <- err }
 		if q.write {
 			fill(q.p, r.Uint64())
-			c.StartWrite(ctx, q.p, q.off, r.IntN(4) == 0, done)
+			c.StartWrite(ctx, q.p, q.off, r.IntN(4) == 0, initiator.CompletionFunc(done))
 		} else {
-			c.StartRead(ctx, q.p, q.off, done)
+			c.StartRead(ctx, q.p, q.off, initiator.CompletionFunc(done))
 		}
 		reqs[i] = q
 	}
-	unplug()
+	unplug.Unplug()
 	for _, q := range reqs {
 		if err := <-q.err; err != nil {
 			return fmt.Errorf("async write=%v %d at %d: %w", q.write, len(q.p), q.off, err)

@@ -30,10 +30,9 @@ type session struct {
 	lockTO      uint64
 	lockCount   uint32
 
-	pd     *rnic.PD
-	qps    []*iqp
-	bounce *bouncePool
-	rr     atomic.Uint32
+	pd  *rnic.PD
+	qps []*conn
+	rr  atomic.Uint32
 
 	goodbyes atomic.Int32 // QPs that received a synced GOODBYE
 
@@ -55,12 +54,10 @@ func (c *Client) dial(ctx context.Context, epoch uint64, addr string) (*session,
 	for i := 0; i < c.cfg.QPs; i++ {
 		q, err := s.loginQP(ctx, i > 0)
 		if err != nil {
-			// The QPs logged in so far have no poller yet (they get
-			// one once every QP joined), so close, which waits for the
-			// pollers, would wait forever: stop and free them here.
+			// The QPs logged in so far have no completion loop yet
+			// (they get one once every QP joined): free them here.
 			for _, q := range s.qps {
-				q.stop()
-				q.release()
+				q.Endpoint.Close(nil)
 			}
 			s.qps = nil
 			s.close()
@@ -68,9 +65,8 @@ func (c *Client) dial(ctx context.Context, epoch uint64, addr string) (*session,
 		}
 		s.qps = append(s.qps, q)
 	}
-	s.bounce = newBouncePool(s.pd, s.maxTransfer, c.cfg.BounceBytes)
 	for _, q := range s.qps {
-		go q.poll()
+		q.Start(q.handle)
 	}
 	if c.cfg.HeartbeatInterval > 0 && s.lockSTag != 0 {
 		go s.heartbeat(c.cfg.HeartbeatInterval, c.cfg.HeartbeatTimeout)
@@ -83,14 +79,14 @@ func (c *Client) dial(ctx context.Context, epoch uint64, addr string) (*session,
 // predates inline reads refuses such a LOGIN as malformed
 // (StatusProtocol): then it logs in again without asking, and the client
 // does not ask again.
-func (s *session) loginQP(ctx context.Context, join bool) (*iqp, error) {
+func (s *session) loginQP(ctx context.Context, join bool) (*conn, error) {
 	c := s.c
 	for {
 		inline := max(c.cfg.InlineRead, 0)
 		if c.noInline.Load() {
 			inline = 0
 		}
-		q, err := s.newIQP(c.cfg.QueueDepth, inline)
+		q, err := s.newConn(c.cfg.QueueDepth, inline)
 		if err != nil {
 			return nil, err
 		}
@@ -98,8 +94,7 @@ func (s *session) loginQP(ctx context.Context, join bool) (*iqp, error) {
 		if err == nil {
 			return q, nil
 		}
-		q.stop()
-		q.release()
+		q.Endpoint.Close(nil)
 		var le *LoginError
 		if inline == 0 || !errors.As(err, &le) || le.Status != blockproto.StatusProtocol {
 			return nil, err
@@ -114,7 +109,7 @@ func (s *session) loginQP(ctx context.Context, join bool) (*iqp, error) {
 // before the next: on one connection they share writes and wake-ups.
 // Large ones take the QPs in turn: their bytes then move over several
 // connections at once.
-func (s *session) pick(n int) *iqp {
+func (s *session) pick(n int) *conn {
 	k := uint32(len(s.qps))
 	start := uint32(0)
 	if n > pickSpread {
@@ -151,39 +146,30 @@ func (s *session) isDead() bool {
 	}
 }
 
-// close resets every QP, waits for the pollers and frees everything.
+// close ends every QP, waits until each is stopped (its exchanges in
+// flight failed) and frees the session's protection domain.
 func (s *session) close() {
 	s.closeOnce.Do(func() {
 		// A QP with nothing in flight is closed gracefully (its
 		// connection ends with FIN, the target sees an orderly close);
 		// one still busy, or one that does not get to Idle in time, is
-		// reset. Either way it ends in Error, which flushes the
-		// receives and so stops its poller.
-		var closing []*iqp
+		// reset. Either way it ends in Error or Idle, which flushes the
+		// receives: the handler sees that and stops the QP.
+		var wg sync.WaitGroup
 		for _, q := range s.qps {
-			if q.qp.State() != rnic.StateRTS {
+			if !q.idle() {
+				q.Kill()
 				continue
 			}
-			if q.idle() && q.qp.Modify(rnic.StateClosing, rnic.ModifyAttrs{}) == nil {
-				closing = append(closing, q)
-			} else {
-				q.qp.Modify(rnic.StateError, rnic.ModifyAttrs{})
-			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				q.CloseGracefully(gracefulClose)
+			}()
 		}
-		for _, q := range closing {
-			ctx, cancel := context.WithTimeout(context.Background(), gracefulClose)
-			q.qp.WaitState(ctx, rnic.StateIdle, rnic.StateError)
-			cancel()
-			if st := q.qp.State(); st == rnic.StateIdle || st == rnic.StateRTS || st == rnic.StateClosing {
-				q.qp.Modify(rnic.StateError, rnic.ModifyAttrs{})
-			}
-		}
+		wg.Wait()
 		for _, q := range s.qps {
-			<-q.done
-			q.release()
-		}
-		if s.bounce != nil {
-			s.bounce.close()
+			<-q.stopped
 		}
 		if s.pd != nil {
 			if err := s.pd.Dealloc(); err != nil {
@@ -204,36 +190,18 @@ func (s *session) onGoodbye(synced bool) {
 	}
 }
 
-// do runs one exchange on a slot of some QP. A WRITE's data comes from
-// src, a READ's goes to dst, both through a staging buffer.
+// do runs one exchange on a slot of some QP and waits for its outcome. A
+// READ's data goes to p, a WRITE's comes from p: the RNIC reaches p only
+// while the exchange maps it under the slot's STag, and do does not
+// return while it does.
 func (s *session) do(ctx context.Context, op blockproto.Opcode, flags uint16, off uint64, n uint32, token uint64,
-	src, dst []byte) (result, error) {
-	var b *bbuf
-	if src != nil || dst != nil {
-		var err error
-		if b, err = s.bounce.get(ctx, int(n)); err != nil {
-			return result{}, err
-		}
-		if src != nil {
-			copy(b.b, src)
-		}
-	}
-	q := s.pick(int(n))
-	sl, err := q.acquire(ctx)
+	p []byte) (result, error) {
+	sl, err := s.pick(int(n)).acquire(ctx)
 	if err != nil {
-		s.bounce.put(b)
 		return result{}, err
 	}
-	sl.op, sl.flags, sl.off, sl.n, sl.token, sl.bounce = op, flags, off, n, token, b
-	keep, res, err := sl.run(ctx)
-	if !keep {
-		return res, err // the poller returns b when the exchange ends
-	}
-	if err == nil && dst != nil {
-		copy(dst, b.b[:n])
-	}
-	s.bounce.put(b)
-	return res, err
+	sl.op, sl.flags, sl.off, sl.n, sl.token, sl.p = op, flags, off, n, token, p
+	return sl.run(ctx)
 }
 
 // atomic runs an RFC 7306 atomic on word off (bytes from the table's
@@ -256,7 +224,7 @@ func (s *session) atomic(ctx context.Context, op rnic.WROp, off uint64, compare,
 	if op == rnic.WRCmpSwap {
 		wr.Compare, wr.CompareMask, wr.AddSwapMask = compare, ^uint64(0), ^uint64(0)
 	}
-	if _, err := q.qp.PostSend(wr); err != nil {
+	if _, err := q.QP.PostSend(wr); err != nil {
 		return 0, errConnLost
 	}
 	// An atomic is not abandoned on ctx: it completes or the QP dies.
@@ -275,6 +243,6 @@ func (s *session) atomic(ctx context.Context, op rnic.WROp, off uint64, compare,
 
 // holderName asks the target who holds reservation slot i.
 func (s *session) holderName(ctx context.Context, i uint8) (string, error) {
-	res, err := s.do(ctx, blockproto.OpHolder, 0, uint64(i), 0, 0, nil, nil)
+	res, err := s.do(ctx, blockproto.OpHolder, 0, uint64(i), 0, 0, nil)
 	return res.detail, err
 }

@@ -155,7 +155,7 @@ func TestReconnectReplay(t *testing.T) {
 					err = c.WriteAt(ctx, buf, off, false)
 				} else { // StartWrite: the replay happens behind the callback
 					done := make(chan error, 1)
-					c.StartWrite(ctx, buf, off, false, func(err error) { done <- err })
+					c.StartWrite(ctx, buf, off, false, initiator.CompletionFunc(func(err error) { done <- err }))
 					err = <-done
 				}
 				if err != nil {
@@ -199,7 +199,7 @@ func TestReconnectReplay(t *testing.T) {
 			}
 		} else {
 			done := make(chan error, 1)
-			c.StartRead(ctx, got, off, func(err error) { done <- err })
+			c.StartRead(ctx, got, off, initiator.CompletionFunc(func(err error) { done <- err }))
 			if err := <-done; err != nil {
 				t.Fatal(err)
 			}

@@ -270,7 +270,7 @@ func (t *Target) welcome(c *conn, secret []byte, login blockproto.Login,
 	}
 	copy(w.TargetProof(), tp[:])
 	// Unsignaled: the initiator may answer at once, and from here on the
-	// poller owns the CQ. The login area is not used again.
+	// completion loop owns the CQ. The login area is not used again.
 	wrs = append(wrs, rnic.SendWR{Op: rnic.WRSend, Unsignaled: true, SGL: []rnic.SGE{c.AreaSGE(c.loginArea(), len(w))}})
 	if _, err := c.QP.PostSend(wrs...); err != nil {
 		return fmt.Errorf("target: sending WELCOME: %w", err)

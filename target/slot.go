@@ -27,11 +27,11 @@ type slot struct {
 	c   *conn
 	idx int
 
-	mu      sync.Mutex // state, buf, stag, deadline: poller, worker and lease timer
+	mu      sync.Mutex // state, buf, stag, deadline: handler, worker and lease timer
 	state   slotState
 	cmd     [blockproto.CommandLen]byte
-	arrived time.Time // set by the poller when the command arrives
-	began   time.Time // the worker's copy: the poller rewrites arrived once the answer frees the slot
+	arrived time.Time // set by the handler when the command arrives
+	began   time.Time // the worker's copy: the handler rewrites arrived once the answer frees the slot
 	grant   *grant    // the grant a WRITE consumed
 
 	mr       *rnic.MR  // the slot's buffer STag (READ and WRITE_REQ)
@@ -95,7 +95,7 @@ func (c *conn) work(s *slot) {
 	}
 }
 
-// onRecv handles one received message (poller goroutine): it checks it,
+// onRecv handles one received message (completion handler): it checks it,
 // reposts the receive, then advances the slot's exchange. An error is a
 // protocol violation.
 func (c *conn) onRecv(wc *rnic.WC) error {
@@ -179,14 +179,14 @@ func (c *conn) onRecv(wc *rnic.WC) error {
 	return nil
 }
 
-// maxHere is the largest command the poller runs itself.
+// maxHere is the largest command the completion handler runs itself.
 const maxHere = 64 << 10
 
-// runsHere reports whether the poller runs the slot's command itself
+// runsHere reports whether the completion handler runs the slot's command itself
 // instead of waking the slot's worker: an inline READ or a granted WRITE,
 // of whole blocks and at most maxHere bytes, on a volume in memory. Such a
 // command only copies memory and posts Sends: it takes no pooled buffer
-// (a buffer could wait for a RELEASE that only this poller can see) and
+// (a buffer could wait for a RELEASE that only this handler can see) and
 // waits for no I/O, and a burst of them then leaves in one write.
 func (c *conn) runsHere(s *slot) bool {
 	m := blockproto.Command(s.cmd[:])

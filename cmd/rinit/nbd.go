@@ -99,6 +99,15 @@ func fileKind(m os.FileMode) string {
 	return "file of type " + m.Type().String()
 }
 
+// The Client is the export's backend with its fast paths (requests
+// started from the NBD reader, replies flushed per burst of completions,
+// commands of a burst sent together): a change of signature on either
+// side fails the build here instead of silently losing them.
+var (
+	_ nbd.AsyncBackend = (*initiator.Client)(nil)
+	_ nbd.Plugger      = (*initiator.Client)(nil)
+)
+
 func export(c *cli.Context, cl *initiator.Client) nbd.Export {
 	name := c.String("export-name")
 	if name == "" {

@@ -126,20 +126,28 @@ func (a *asyncMem) run(f func()) {
 	go f()
 }
 
-func (a *asyncMem) StartRead(ctx context.Context, p []byte, off int64, done func(error)) {
-	a.run(func() { done(a.ReadAt(ctx, p, off)) })
+func (a *asyncMem) StartRead(ctx context.Context, p []byte, off int64, c Completion) {
+	a.run(func() { complete(c, a.ReadAt(ctx, p, off)) })
 }
 
-func (a *asyncMem) StartWrite(ctx context.Context, p []byte, off int64, fua bool, done func(error)) {
-	a.run(func() { done(a.WriteAt(ctx, p, off, fua)) })
+func (a *asyncMem) StartWrite(ctx context.Context, p []byte, off int64, fua bool, c Completion) {
+	a.run(func() { complete(c, a.WriteAt(ctx, p, off, fua)) })
 }
 
-func (a *asyncMem) Plug() func() {
+// complete reports err to c outside a burst: its Flusher is flushed at
+// once.
+func complete(c Completion, err error) {
+	if f := c.Complete(err); f != nil {
+		f.Flush()
+	}
+}
+
+func (a *asyncMem) Plug() Unplugger {
 	a.plugs.Add(1)
 	a.mu.Lock()
 	a.plugged++
 	a.mu.Unlock()
-	return func() {
+	return unplugFunc(func() {
 		a.mu.Lock()
 		a.plugged--
 		var run []func()
@@ -150,5 +158,9 @@ func (a *asyncMem) Plug() func() {
 		for _, f := range run {
 			go f()
 		}
-	}
+	})
 }
+
+type unplugFunc func()
+
+func (f unplugFunc) Unplug() { f() }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +23,74 @@ func testLogger(t testing.TB) *slog.Logger {
 		lvl = slog.LevelDebug
 	}
 	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: lvl}))
+}
+
+// logWatch is a logger for a Server under test that lets the test wait
+// for a log message: an event the server reports, not a guess of how
+// long it takes to get there.
+type logWatch struct {
+	*slog.Logger
+	mu    sync.Mutex
+	seen  map[string]int
+	wakes []chan struct{}
+}
+
+func watchLog(t testing.TB) *logWatch {
+	w := &logWatch{seen: map[string]int{}}
+	h := testLogger(t).Handler()
+	w.Logger = slog.New(watchHandler{w: w, Handler: h})
+	return w
+}
+
+type watchHandler struct {
+	w *logWatch
+	slog.Handler
+}
+
+func (h watchHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h watchHandler) Handle(ctx context.Context, r slog.Record) error {
+	h.w.mu.Lock()
+	h.w.seen[r.Message]++
+	wakes := h.w.wakes
+	h.w.wakes = nil
+	h.w.mu.Unlock()
+	for _, c := range wakes {
+		close(c)
+	}
+	if h.Handler.Enabled(ctx, r.Level) {
+		return h.Handler.Handle(ctx, r)
+	}
+	return nil
+}
+
+func (h watchHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return watchHandler{w: h.w, Handler: h.Handler.WithAttrs(as)}
+}
+
+func (h watchHandler) WithGroup(name string) slog.Handler {
+	return watchHandler{w: h.w, Handler: h.Handler.WithGroup(name)}
+}
+
+// wait waits (10 s at most) until msg has been logged n times in all.
+func (w *logWatch) wait(t testing.TB, msg string, n int) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		w.mu.Lock()
+		if w.seen[msg] >= n {
+			w.mu.Unlock()
+			return
+		}
+		c := make(chan struct{})
+		w.wakes = append(w.wakes, c)
+		w.mu.Unlock()
+		select {
+		case <-c:
+		case <-deadline:
+			t.Fatalf("the server did not log %q %d times in 10 s", msg, n)
+		}
+	}
 }
 
 type testWriter struct{ t testing.TB }

@@ -66,9 +66,9 @@ func check(exp Export, size int64, r *request) uint32 {
 }
 
 // execute runs a checked request on the backend and sets r.errno.
-func (s *session) execute(r *request) {
-	be := s.sel.exp.Backend
-	ctx := s.ctx
+func (t *transmission) execute(r *request) {
+	be := t.sel.exp.Backend
+	ctx := t.ctx
 	off, n := int64(r.off), int64(r.length)
 	fua := r.flags&CmdFlagFUA != 0
 	var err error
@@ -97,24 +97,24 @@ func (s *session) execute(r *request) {
 	case CmdCache:
 		// Advisory and not advertised; accepted as a no-op.
 	}
-	s.finish(r, err)
+	t.finish(r, err)
 }
 
 // finish records the outcome of r's backend call: the NBD error, and for
 // a failed READ no payload.
-func (s *session) finish(r *request, err error) {
-	ctx := s.ctx
+func (t *transmission) finish(r *request, err error) {
+	ctx := t.ctx
 	if err != nil {
 		r.errno = Errno(err)
 		if r.typ == CmdRead {
-			s.c.pool.put(r.buf) // no payload goes out with an error
+			t.c.pool.put(r.buf) // no payload goes out with an error
 			r.buf = nil
 		}
 		lvl := slog.LevelWarn
 		if ctx.Err() != nil {
 			lvl = slog.LevelDebug // shutting down; every request fails alike
 		}
-		s.c.log.Log(ctx, lvl, "nbd: request failed", "cmd", commandName(r.typ), "offset", r.off,
+		t.c.log.Log(ctx, lvl, "nbd: request failed", "cmd", commandName(r.typ), "offset", r.off,
 			"length", r.length, "errno", r.errno, "err", err)
 	}
 }

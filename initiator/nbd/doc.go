@@ -6,47 +6,18 @@
 // is advertised. Serve takes a TCP or unix listener, ServeConn one
 // connection.
 //
-// # What comes from go-nbd, and what this package owns
+// # What comes from go-nbd
 //
-// The project builds on github.com/pojntfx/go-nbd v0.3.2. Its pkg/server
-// is a single function, Handle(conn, exports, options), that runs the
-// handshake and then a serial transmission loop on the same goroutine;
-// there is no way to run its negotiation alone and take over afterwards.
-// Read closely, its negotiation could not serve this package even if it
-// could be split off:
-//
-//   - The transmission flags are either 0 or HAS_FLAGS|CAN_MULTI_CONN.
-//     It never advertises SEND_FLUSH, SEND_FUA, SEND_TRIM,
-//     SEND_WRITE_ZEROES or READ_ONLY (Options.ReadOnly only makes writes
-//     fail with EPERM), and without CAN_MULTI_CONN it even omits
-//     HAS_FLAGS, which the specification says MUST always be set.
-//   - NBD_OPT_EXPORT_NAME, which older clients use, is answered with
-//     NBD_REP_ERR_UNSUP, a reply that option does not allow.
-//   - It trusts lengths from the wire: the export name length inside
-//     NBD_OPT_INFO/GO is allocated before it is checked against the
-//     option length (up to 4 GiB per option), and NBD_OPT_LIST does not
-//     consume option data, so a client sending some desynchronises the
-//     stream.
-//   - After an NBD_OPT_INFO for one export, an NBD_OPT_GO for an unknown
-//     name enters transmission with the earlier export.
-//   - It encodes with encoding/binary reflection, which this project's
-//     wire style avoids.
-//
-// (It does send NBD_INFO_BLOCK_SIZE, unconditionally, from its Options.)
-// Its transmission loop is serial, drops the connection on any backend
-// error and knows only READ, WRITE and DISC.
-//
-// So this package keeps go-nbd for what works: the protocol vocabulary of
-// github.com/pojntfx/go-nbd/pkg/protocol. Its magic numbers, option, reply
-// and information type codes, flags and error values are used wherever it
-// defines them (consts.go adds the ones it lacks, named as in the
-// specification), and its header structs (NegotiationNewstyleHeader,
-// NegotiationOptionHeader, NegotiationReplyHeader, NegotiationReplyInfo,
-// NegotiationReplyBlockSize, TransmissionRequestHeader,
-// TransmissionReplyHeader) are the field structs that this package's wire
-// views (Greeting, Option, OptionReply, InfoExport, InfoBlockSize,
-// Request, SimpleReply) encode from. This package owns the handshake and
-// the whole transmission phase.
+// The protocol vocabulary: the magic numbers, option, reply and
+// information type codes, flags and error values of
+// github.com/pojntfx/go-nbd/pkg/protocol are used wherever it defines them
+// (consts.go adds the ones it lacks, named as in the specification), and
+// its header structs (NegotiationNewstyleHeader, NegotiationOptionHeader,
+// NegotiationReplyHeader, NegotiationReplyInfo, NegotiationReplyBlockSize,
+// TransmissionRequestHeader, TransmissionReplyHeader) are the field
+// structs that this package's wire views (Greeting, Option, OptionReply,
+// InfoExport, InfoBlockSize, Request, SimpleReply) encode from. The
+// handshake and the whole transmission phase are this package's.
 //
 // # Handshake
 //
@@ -81,15 +52,21 @@
 //
 // # Transmission
 //
-// One reader goroutine per connection parses requests; each request that
-// passes the checks runs on the Backend in its own goroutine, and one
-// writer goroutine sends the replies in the order they complete, so
-// replies overtake each other freely. At most Server.MaxInFlight requests
-// (default 64) are in flight per connection, and their payloads (WRITE
-// data held, READ data to send) are bounded by Server.MaxInFlightBytes
-// (default 64 MiB): when either is used up the reader stops reading the
-// socket until replies have gone out. Payload buffers are recycled in
-// power-of-two size classes.
+// One reader goroutine per connection parses requests. READ and WRITE on
+// an AsyncBackend start from the reader itself and complete through the
+// request's Completion; every other request runs on the Backend in a
+// goroutine of its own. Replies go out in the order requests complete, so
+// they overtake each other freely: whoever completes requests queues
+// their replies and flushes, and the first flusher writes everything
+// queued in one writev (header and data gathered, no copy) without
+// waiting; an AsyncBackend flushes once per burst of completions. What a
+// slow client's socket does not take at once, the connection's writer
+// goroutine finishes. At most Server.MaxInFlight requests (default 64) are
+// in flight per connection, and their payloads (WRITE data held, READ data
+// to send) are bounded by Server.MaxInFlightBytes (default 64 MiB): when
+// either is used up the reader stops reading the socket until replies
+// have gone out. Payload buffers are recycled in power-of-two size
+// classes.
 //
 // Commands: READ, WRITE (FUA), FLUSH, TRIM (FUA: trim then Flush),
 // WRITE_ZEROES (FUA; NO_HOLE is accepted and served as plain zeroing),

@@ -43,23 +43,40 @@ type Backend interface {
 
 // AsyncBackend is a Backend that can also start reads and writes without
 // blocking. The server then runs READ and WRITE without a goroutine per
-// request: it starts each from the connection's reader and queues the
-// reply from done. done must be called exactly once, possibly before the
-// Start call returns; it never blocks. The buffer belongs to the backend
-// until then.
+// request: it starts each from the connection's reader, and the backend
+// reports the outcome through the request's Completion, exactly once,
+// possibly before the Start call returns; Complete never blocks. The
+// buffer belongs to the backend until then. Complete returns a Flusher
+// (the connection's reply writer): the backend calls its Flush once the
+// burst of completions it is delivering has ended, once per distinct
+// Flusher (or right after Complete when it delivers no burst), and the
+// replies of the burst leave in one write.
 type AsyncBackend interface {
 	Backend
-	StartRead(ctx context.Context, p []byte, off int64, done func(error))
-	StartWrite(ctx context.Context, p []byte, off int64, fua bool, done func(error))
+	StartRead(ctx context.Context, p []byte, off int64, c Completion)
+	StartWrite(ctx context.Context, p []byte, off int64, fua bool, c Completion)
 }
 
+// Completion and Flusher are aliases of interface literals, so that a
+// backend's package can declare the identical types without importing
+// this one.
+type (
+	Completion = interface {
+		Complete(err error) Flusher
+	}
+	Flusher = interface{ Flush() }
+)
+
 // Plugger is an optional Backend interface: Plug holds back the requests
-// started from now on until unplug is called, so that requests read from
-// the client in one burst reach the backend's transport together. The
-// server unplugs before anything it does can wait.
+// started from now on until Unplug is called on what it returns, so that
+// requests read from the client in one burst reach the backend's transport
+// together. The server unplugs before anything it does can wait.
 type Plugger interface {
-	Plug() (unplug func())
+	Plug() Unplugger
 }
+
+// Unplugger ends a Plug (an alias, like Completion).
+type Unplugger = interface{ Unplug() }
 
 // Export is one named volume the server offers.
 type Export struct {

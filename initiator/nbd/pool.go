@@ -12,8 +12,8 @@ const (
 	maxClassShift = 25
 )
 
-// bufPool recycles payload buffers. It belongs to one Server config, so
-// there is no package-level state.
+// bufPool recycles payload buffers. Each connection has its own (no
+// package-level state).
 type bufPool struct {
 	classes [maxClassShift - minClassShift + 1]sync.Pool
 }

@@ -6,16 +6,14 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"runtime"
 	"sync"
 	"time"
-
-	"github.com/pojntfx/go-nbd/pkg/protocol"
 )
 
-// request is one transmission request on its way from the reader through
-// a worker to the writer.
+// request is one transmission request on its way from the reader to the
+// backend and back out as a reply. Requests are recycled.
 type request struct {
+	t          *transmission
 	typ, flags uint16
 	cookie     uint64
 	off        uint64
@@ -23,48 +21,60 @@ type request struct {
 	buf        *[]byte // WRITE payload or READ data; nil otherwise
 	reserved   int64   // bytes held in the payload budget
 	errno      uint32
+	hdr        [SimpleReplySize]byte // the reply header, encoded when queued
 }
 
-// session is the transmission phase of one connection.
-type session struct {
-	c       *conn
-	sel     selected
-	ctx     context.Context
-	slots   chan struct{} // one per request in flight
-	budget  *budget
-	replies chan *request // to the writer; capacity = slots, never blocks
-	wg      sync.WaitGroup
+// Complete ends r with the backend's outcome and queues its reply; the
+// returned Flusher (the transmission) writes it. It is r's Completion for
+// an AsyncBackend.
+func (r *request) Complete(err error) Flusher {
+	r.t.finish(r, err)
+	r.t.queue(r)
+	return r.t
+}
+
+// transmission is the transmission phase of one connection.
+type transmission struct {
+	c      *conn
+	sel    selected
+	ctx    context.Context
+	slots  chan struct{} // one per request in flight
+	budget *budget
+	wg     sync.WaitGroup // requests read and not yet replied to
 
 	async   AsyncBackend // the export's backend, if it is one
 	plugger Plugger      // likewise
-	unplug  func()       // set while the backend is plugged (reader only)
+	unplug  Unplugger    // set while the backend is plugged (reader only)
+
+	replies replyWriter
+
+	fmu  sync.Mutex
+	free []*request // recycled requests
 }
 
 // transmit serves requests until the client disconnects, violates the
 // protocol, or ctx is cancelled.
 func (c *conn) transmit(ctx context.Context, sel selected) error {
-	s := &session{
-		c:       c,
-		sel:     sel,
-		ctx:     ctx,
-		slots:   make(chan struct{}, c.cfg.maxInFlight),
-		budget:  newBudget(c.cfg.maxInFlightBytes),
-		replies: make(chan *request, c.cfg.maxInFlight),
+	t := &transmission{
+		c:      c,
+		sel:    sel,
+		ctx:    ctx,
+		slots:  make(chan struct{}, c.cfg.maxInFlight),
+		budget: newBudget(c.cfg.maxInFlightBytes),
 	}
-	s.async, _ = sel.exp.Backend.(AsyncBackend)
-	s.plugger, _ = sel.exp.Backend.(Plugger)
-	writerDone := make(chan error, 1)
-	go func() { writerDone <- s.writer() }()
+	t.async, _ = sel.exp.Backend.(AsyncBackend)
+	t.plugger, _ = sel.exp.Backend.(Plugger)
+	t.replies.init(t)
 
-	readErr := s.reader()
-	s.endPlug()
+	readErr := t.reader()
+	t.endPlug()
+	c.log.Debug("nbd: reader stopped", "err", readErr)
 
-	// Every request read has a worker or an immediate reply; wait for the
-	// workers, then let the writer send what is left, within bounds.
-	s.wg.Wait()
-	close(s.replies)
+	// Every request read gets a reply; wait until they are written, within
+	// bounds.
 	_ = c.nc.SetWriteDeadline(time.Now().Add(c.cfg.drainTimeout))
-	writeErr := <-writerDone
+	t.wg.Wait()
+	writeErr := t.replies.close()
 
 	switch {
 	case readErr == nil && writeErr == nil:
@@ -79,225 +89,202 @@ func (c *conn) transmit(ctx context.Context, sel selected) error {
 	return readErr
 }
 
+// newRequest returns a recycled request (or a new one).
+func (t *transmission) newRequest() *request {
+	t.fmu.Lock()
+	var r *request
+	if n := len(t.free); n > 0 {
+		r = t.free[n-1]
+		t.free = t.free[:n-1]
+	}
+	t.fmu.Unlock()
+	if r == nil {
+		r = &request{t: t}
+	}
+	return r
+}
+
 // reader takes requests off the socket and dispatches them. It returns
 // nil on NBD_CMD_DISC, on the client closing the connection between
 // requests, and on shutdown.
-func (s *session) reader() error {
-	c := s.c
-	exp := s.sel.exp
+func (t *transmission) reader() error {
+	c := t.c
+	exp := t.sel.exp
 	var hdr [RequestSize]byte
 	for {
-		s.mayWait(RequestSize)
+		t.mayWait(RequestSize)
 		if _, err := io.ReadFull(c.br, hdr[:]); err != nil {
-			return s.readError(err, "request header")
+			return t.readError(err, "request header")
 		}
 		h := Request(hdr[:])
 		if m := h.Magic(); m != magicRequest {
 			return fmt.Errorf("%w: request magic %#08x, want %#08x", ErrProtocol, m, magicRequest)
 		}
-		r := &request{typ: h.Type(), flags: h.Flags(), cookie: h.Cookie(), off: h.Offset(), length: h.Length()}
-		if r.typ == CmdDisc {
+		typ := h.Type()
+		if typ == CmdDisc {
 			c.log.Debug("nbd: NBD_CMD_DISC")
 			return nil
 		}
-		r.errno = check(exp, s.sel.size, r)
+		r := t.newRequest()
+		r.typ, r.flags, r.cookie, r.off, r.length, r.errno = typ, h.Flags(), h.Cookie(), h.Offset(), h.Length(), 0
+		r.errno = check(exp, t.sel.size, r)
 
 		if r.typ == CmdWrite {
 			if r.length > max(exp.MaxBlock, interopPayload) {
 				return fmt.Errorf("%w: NBD_CMD_WRITE payload of %d bytes exceeds the maximum %d", ErrProtocol, r.length, exp.MaxBlock)
 			}
-			if err := s.takeSlot(); err != nil {
+			if err := t.takeSlot(); err != nil {
 				return nil
 			}
 			if r.errno != 0 {
 				// Refused writes still carry their payload: skip it.
 				if _, err := io.CopyN(io.Discard, c.br, int64(r.length)); err != nil {
-					s.done(r)
-					return s.readError(err, "write payload")
+					t.done(r)
+					return t.readError(err, "write payload")
 				}
-				s.reply(r)
+				t.reply(r)
 				continue
 			}
-			if err := s.acquire(int64(r.length)); err != nil {
-				s.done(r)
+			if err := t.acquire(int64(r.length)); err != nil {
+				t.done(r)
 				return nil
 			}
 			r.reserved = int64(r.length)
 			r.buf = c.pool.get(int(r.length))
-			s.mayWait(int(r.length))
+			t.mayWait(int(r.length))
 			if _, err := io.ReadFull(c.br, *r.buf); err != nil {
-				s.done(r)
-				return s.readError(err, "write payload")
+				t.done(r)
+				return t.readError(err, "write payload")
 			}
-			s.dispatch(r)
+			t.dispatch(r)
 			continue
 		}
 
-		if err := s.takeSlot(); err != nil {
+		if err := t.takeSlot(); err != nil {
 			return nil
 		}
 		if r.errno != 0 || r.length == 0 && r.typ != CmdFlush {
-			s.reply(r) // an error, or nothing to do
+			t.reply(r) // an error, or nothing to do
 			continue
 		}
 		if r.typ == CmdRead {
-			if err := s.acquire(int64(r.length)); err != nil {
-				s.done(r)
+			if err := t.acquire(int64(r.length)); err != nil {
+				t.done(r)
 				return nil
 			}
 			r.reserved = int64(r.length)
 			r.buf = c.pool.get(int(r.length))
 		}
-		s.dispatch(r)
+		t.dispatch(r)
 	}
 }
 
 // readError classifies an error reading from the client.
-func (s *session) readError(err error, what string) error {
-	if s.ctx.Err() != nil {
+func (t *transmission) readError(err error, what string) error {
+	if t.ctx.Err() != nil {
 		return nil // shutdown
 	}
 	if errors.Is(err, io.EOF) && what == "request header" {
-		s.c.log.Debug("nbd: client closed the connection without NBD_CMD_DISC")
+		t.c.log.Debug("nbd: client closed the connection without NBD_CMD_DISC")
 		return nil
 	}
 	if errors.Is(err, net.ErrClosed) {
-		return nil // the writer failed and closed the connection
+		return nil // a reply write failed and closed the connection
 	}
 	return fmt.Errorf("nbd: read %s: %w", what, err)
 }
 
 // takeSlot waits for room for one more request in flight.
-func (s *session) takeSlot() error {
+func (t *transmission) takeSlot() error {
 	select {
-	case s.slots <- struct{}{}:
+	case t.slots <- struct{}{}:
 		return nil
 	default:
 	}
-	s.endPlug() // what waits behind the plug may be what frees a slot
+	t.endPlug() // what waits behind the plug may be what frees a slot
+	t.c.log.Debug("nbd: waiting for a request slot", "max_in_flight", cap(t.slots))
 	select {
-	case s.slots <- struct{}{}:
+	case t.slots <- struct{}{}:
 		return nil
-	case <-s.ctx.Done():
-		return s.ctx.Err()
+	case <-t.ctx.Done():
+		return t.ctx.Err()
 	}
 }
 
 // acquire takes n bytes of the payload budget, waiting if need be.
-func (s *session) acquire(n int64) error {
-	if s.budget.tryAcquire(n) {
+func (t *transmission) acquire(n int64) error {
+	if t.budget.tryAcquire(n) {
 		return nil
 	}
-	s.endPlug()
-	return s.budget.acquire(s.ctx, n)
+	t.endPlug()
+	t.c.log.Debug("nbd: waiting for payload budget", "bytes", n)
+	return t.budget.acquire(t.ctx, n)
 }
 
 // mayWait ends the plug if reading n more bytes from the client may wait.
-func (s *session) mayWait(n int) {
-	if s.unplug != nil && s.c.br.Buffered() < n {
-		s.endPlug()
+func (t *transmission) mayWait(n int) {
+	if t.unplug != nil && t.c.br.Buffered() < n {
+		t.endPlug()
 	}
 }
 
-func (s *session) endPlug() {
-	if s.unplug != nil {
-		s.unplug()
-		s.unplug = nil
+func (t *transmission) endPlug() {
+	if t.unplug != nil {
+		t.unplug.Unplug()
+		t.unplug = nil
 	}
 }
 
 // dispatch runs r on the backend: READ and WRITE of an AsyncBackend
-// start from here and complete in done, the rest in a goroutine of
-// their own.
-func (s *session) dispatch(r *request) {
-	s.wg.Add(1)
-	if s.async != nil && (r.typ == CmdRead || r.typ == CmdWrite) {
+// start from here and complete through r.Complete, the rest in a
+// goroutine of their own.
+func (t *transmission) dispatch(r *request) {
+	t.wg.Add(1)
+	if t.async != nil && (r.typ == CmdRead || r.typ == CmdWrite) {
 		// Another request already waits in the buffer: hold this one
 		// back until it, and whatever follows it there, can go along.
-		if s.plugger != nil && s.unplug == nil && s.c.br.Buffered() >= RequestSize {
-			s.unplug = s.plugger.Plug()
-		}
-		done := func(err error) {
-			s.finish(r, err)
-			s.reply(r)
-			s.wg.Done()
+		if t.plugger != nil && t.unplug == nil && t.c.br.Buffered() >= RequestSize {
+			t.unplug = t.plugger.Plug()
 		}
 		if r.typ == CmdRead {
-			s.async.StartRead(s.ctx, *r.buf, int64(r.off), done)
+			t.async.StartRead(t.ctx, *r.buf, int64(r.off), r)
 		} else {
-			s.async.StartWrite(s.ctx, *r.buf, int64(r.off), r.flags&CmdFlagFUA != 0, done)
+			t.async.StartWrite(t.ctx, *r.buf, int64(r.off), r.flags&CmdFlagFUA != 0, r)
 		}
 		return
 	}
 	go func() {
-		defer s.wg.Done()
-		s.execute(r)
-		s.reply(r)
+		t.execute(r)
+		t.queue(r)
+		t.replies.Flush()
 	}()
 }
 
-// reply queues r for the writer. It never blocks: the channel has a place
-// for every slot.
-func (s *session) reply(r *request) { s.replies <- r }
+// reply answers r at once (a refusal, or nothing to do).
+func (t *transmission) reply(r *request) {
+	t.wg.Add(1)
+	t.queue(r)
+	t.replies.Flush()
+}
 
-// done releases what r holds, after its reply was sent or abandoned.
-func (s *session) done(r *request) {
+// queue hands r's reply to the writer.
+func (t *transmission) queue(r *request) { t.replies.add(r) }
+
+// Flush writes the replies queued so far (the Flusher of every request's
+// Completion).
+func (t *transmission) Flush() { t.replies.Flush() }
+
+// done releases what r holds and recycles it, after its reply was sent or
+// abandoned.
+func (t *transmission) done(r *request) {
 	if r.buf != nil {
-		s.c.pool.put(r.buf)
+		t.c.pool.put(r.buf)
 		r.buf = nil
 	}
-	s.budget.release(r.reserved)
+	t.budget.release(r.reserved)
 	r.reserved = 0
-	<-s.slots
-}
-
-// writer sends replies in the order they complete and returns the first
-// write error. After an error it closes the connection, which stops the
-// reader, and keeps draining the queue so that resources are released.
-func (s *session) writer() error {
-	c := s.c
-	var werr error
-	for r := range s.replies {
-		if werr == nil {
-			werr = s.writeReply(r)
-			if werr == nil && len(s.replies) == 0 {
-				// Yield once before the write: requests completed by the
-				// same batch of completions queue their replies meanwhile
-				// and share it (a loopback write costs several µs).
-				runtime.Gosched()
-				if len(s.replies) == 0 {
-					werr = c.bw.Flush()
-				}
-			}
-			if werr != nil {
-				werr = fmt.Errorf("nbd: send reply: %w", werr)
-				c.nc.Close()
-			}
-		}
-		s.done(r)
-	}
-	if werr == nil {
-		if err := c.bw.Flush(); err != nil {
-			werr = fmt.Errorf("nbd: send reply: %w", err)
-		}
-	}
-	return werr
-}
-
-// writeReply buffers the simple reply for r, with the data of a
-// successful read.
-func (s *session) writeReply(r *request) error {
-	var h [SimpleReplySize]byte
-	SimpleReply(h[:]).Encode(protocol.TransmissionReplyHeader{
-		ReplyMagic: magicSimpleReply, Error: r.errno, Handle: r.cookie,
-	})
-	if _, err := s.c.bw.Write(h[:]); err != nil {
-		return err
-	}
-	if r.typ == CmdRead && r.errno == 0 && r.buf != nil {
-		if _, err := s.c.bw.Write(*r.buf); err != nil {
-			return err
-		}
-	}
-	return nil
+	<-t.slots
+	t.fmu.Lock()
+	t.free = append(t.free, r)
+	t.fmu.Unlock()
 }

@@ -248,7 +248,10 @@ func TestDiscWaitsForInFlight(t *testing.T) {
 		}
 		return nil
 	}
-	s := serve(t, oneExport(m))
+	srv := oneExport(m)
+	log := watchLog(t)
+	srv.Logger = log.Logger
+	s := serve(t, srv)
 	c := dial(t, s.addr, clientFlagFixedNewstyle)
 	c.goExport("x")
 	for i := range 3 {
@@ -258,7 +261,7 @@ func TestDiscWaitsForInFlight(t *testing.T) {
 		<-entered
 	}
 	c.send(CmdDisc, 0, 99, 0, 0, nil)
-	time.Sleep(20 * time.Millisecond) // let the server see DISC first
+	log.wait(t, "nbd: NBD_CMD_DISC", 1) // the server saw DISC first
 	close(release)
 	seen := map[uint64]bool{}
 	for range 3 {
@@ -305,13 +308,16 @@ func TestBadMagicWithRequestInFlight(t *testing.T) {
 		}
 		return nil
 	}
-	s := serve(t, oneExport(m))
+	srv := oneExport(m)
+	log := watchLog(t)
+	srv.Logger = log.Logger
+	s := serve(t, srv)
 	c := dial(t, s.addr, clientFlagFixedNewstyle)
 	c.goExport("x")
 	c.send(CmdRead, 0, 5, 0, 4096, nil)
 	<-entered
-	c.write(make([]byte, RequestSize)) // magic 0
-	time.Sleep(20 * time.Millisecond)
+	c.write(make([]byte, RequestSize))    // magic 0
+	log.wait(t, "nbd: reader stopped", 1) // the server saw the bad magic first
 	close(release)
 	if r := c.reply(); r.cookie != 5 || r.errno != 0 || !bytes.Equal(r.data, pattern(4096, 8)) {
 		t.Fatalf("in-flight read: cookie %d errno %d", r.cookie, r.errno)
@@ -380,10 +386,12 @@ func TestInFlightLimits(t *testing.T) {
 		curReq.Add(-1)
 		return nil
 	}
+	log := watchLog(t)
 	srv := &Server{
 		Exports:          []Export{{Name: "x", Backend: m, MaxBlock: chunk}},
 		MaxInFlight:      slots,
 		MaxInFlightBytes: budget,
+		Logger:           log.Logger,
 	}
 	s := serve(t, srv)
 	c := dial(t, s.addr, clientFlagFixedNewstyle)
@@ -410,7 +418,9 @@ func TestInFlightLimits(t *testing.T) {
 		}
 	}()
 	waitFor(t, func() bool { return peak.Load() >= budget })
-	time.Sleep(100 * time.Millisecond) // room to overshoot, if the server would
+	// The reader waits for the budget: it has taken all it will until a
+	// reply frees some.
+	log.wait(t, "nbd: waiting for payload budget", 1)
 	if got := peak.Load(); got > budget {
 		t.Errorf("backend held %d payload bytes at once, budget %d", got, budget)
 	}
@@ -448,7 +458,8 @@ func TestInFlightLimits(t *testing.T) {
 		cur2.Add(-1)
 		return nil
 	}
-	srv2 := &Server{Exports: []Export{{Name: "y", Backend: m2}}, MaxInFlight: slots}
+	log2 := watchLog(t)
+	srv2 := &Server{Exports: []Export{{Name: "y", Backend: m2}}, MaxInFlight: slots, Logger: log2.Logger}
 	s2 := serve(t, srv2)
 	c2 := dial(t, s2.addr, clientFlagFixedNewstyle)
 	c2.goExport("y")
@@ -456,7 +467,7 @@ func TestInFlightLimits(t *testing.T) {
 		c2.send(CmdRead, 0, uint64(i), uint64(i)*512, 512, nil)
 	}
 	waitFor(t, func() bool { return peak2.Load() >= slots })
-	time.Sleep(100 * time.Millisecond)
+	log2.wait(t, "nbd: waiting for a request slot", 1) // all it will take until a reply
 	if got := peak2.Load(); got != slots {
 		t.Errorf("%d requests in the backend at once, want MaxInFlight %d", got, slots)
 	}

@@ -71,15 +71,23 @@ func (c *Client) TryLock(ctx context.Context, n uint32) (*Lock, error) {
 // session holds it, until ctx ends.
 func (c *Client) Lock(ctx context.Context, n uint32) (*Lock, error) {
 	wait := 20 * time.Microsecond
+	var refused error // the last refusal
 	for {
 		l, err := c.TryLock(ctx, n)
-		if err == nil || !isLocked(err) {
-			return l, err
+		if err == nil {
+			return l, nil
 		}
+		if !isLocked(err) {
+			if ctx.Err() != nil && refused != nil { // gave up during a try
+				return nil, fmt.Errorf("initiator: waiting for lock %d: %w (last: %w)", n, ctx.Err(), refused)
+			}
+			return nil, err
+		}
+		refused = err
 		select {
 		case <-time.After(wait):
 		case <-ctx.Done():
-			return nil, fmt.Errorf("initiator: waiting for lock %d: %w (last: %v)", n, ctx.Err(), err)
+			return nil, fmt.Errorf("initiator: waiting for lock %d: %w (last: %w)", n, ctx.Err(), err)
 		}
 		wait = min(2*wait, 5*time.Millisecond)
 	}
@@ -102,7 +110,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	}
 	old, err := s.atomic(ctx, rnic.WRCmpSwap, blockproto.LockOffset(l.n), l.value, 0)
 	if err != nil {
-		return fmt.Errorf("%w: lock %d: %v", ErrLockLost, l.n, err)
+		return fmt.Errorf("%w: lock %d: %w", ErrLockLost, l.n, err)
 	}
 	if old != l.value {
 		return fmt.Errorf("%w: lock %d holds %#x", ErrLockLost, l.n, old)
@@ -193,8 +201,11 @@ func (r *Reservation) Release(ctx context.Context) error {
 	if r.exclusive {
 		want := uint64(blockproto.Exclusive(s.slot))
 		old, err := s.atomic(ctx, rnic.WRCmpSwap, off, want, 0)
-		if err != nil || old != want {
-			return fmt.Errorf("%w: reservation word %#x: %v", ErrLockLost, old, err)
+		if err != nil {
+			return fmt.Errorf("%w: reservation: %w", ErrLockLost, err)
+		}
+		if old != want {
+			return fmt.Errorf("%w: reservation word %#x", ErrLockLost, old)
 		}
 		return nil
 	}
@@ -202,13 +213,13 @@ func (r *Reservation) Release(ctx context.Context) error {
 	for {
 		cur, err := s.atomic(ctx, rnic.WRFetchAdd, off, 0, 0)
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrLockLost, err)
+			return fmt.Errorf("%w: %w", ErrLockLost, err)
 		}
 		if cur&bit == 0 || blockproto.Reservation(cur).IsExclusive() {
 			return fmt.Errorf("%w: reservation word %#x", ErrLockLost, cur)
 		}
 		if old, err := s.atomic(ctx, rnic.WRCmpSwap, off, cur, cur&^bit); err != nil {
-			return fmt.Errorf("%w: %v", ErrLockLost, err)
+			return fmt.Errorf("%w: %w", ErrLockLost, err)
 		} else if old == cur {
 			return nil
 		}

@@ -158,7 +158,7 @@ func (s *session) close() {
 		var wg sync.WaitGroup
 		for _, q := range s.qps {
 			if !q.idle() {
-				q.Kill()
+				q.Reset()
 				continue
 			}
 			wg.Add(1)

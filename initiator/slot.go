@@ -176,7 +176,7 @@ func (sl *slot) start() error {
 		// package sizes never to happen): reset it; the handler fails
 		// every exchange in flight, this one included.
 		q.s.c.log.Warn("posting a command failed: resetting the QP", "err", err)
-		q.Kill()
+		q.Reset()
 	}
 	return nil
 }

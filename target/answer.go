@@ -65,7 +65,7 @@ func (c *conn) answer(s *slot, st blockproto.Status, value uint64, detail string
 			c.log.Error("encoding a response: ending the session", "err", err)
 			s.free()
 			c.markDead()
-			c.Kill() // the initiator replays the command on a new session
+			c.Reset() // the handler sees the end; the initiator replays the command on a new session
 			return
 		}
 	}

@@ -279,12 +279,20 @@ func (e *Endpoint) run(h Handler) {
 	}
 }
 
-// Kill resets the connection if it is up and stops the loop, without
-// waiting for either: it may be called from the handler.
-func (e *Endpoint) Kill() {
+// Reset resets the connection if it is up, without waiting: the engine
+// then flushes the work requests, and the loop hands their completions
+// to the handler, which sees the end that way.
+func (e *Endpoint) Reset() {
 	if e.QP.State() == rnic.StateRTS {
 		e.QP.Modify(rnic.StateError, rnic.ModifyAttrs{})
 	}
+}
+
+// Kill resets the connection if it is up and stops the loop, without
+// waiting for either: it may be called from the handler. Completions not
+// yet handled are dropped.
+func (e *Endpoint) Kill() {
+	e.Reset()
 	e.cancel()
 }
 

@@ -42,10 +42,39 @@ import "C"
 
 import (
 	"fmt"
+	"reflect"
 	"runtime"
 	"runtime/cgo"
 	"unsafe"
 )
+
+// rawHandle returns librbd's handle of an image go-ceph opened (the
+// unexported field image of go-ceph v0.34.0's rbd.Image, an rbd_image_t),
+// so that asynchronous requests go through the handle that owns the
+// image's exclusive lock.
+func rawHandle(img any) C.rbd_image_t {
+	f := reflect.ValueOf(img).Elem().FieldByName("image")
+	return *(*C.rbd_image_t)(unsafe.Pointer(f.UnsafeAddr()))
+}
+
+// aio runs one asynchronous request on the image's own handle and waits
+// for it: the calling goroutine parks on a channel instead of blocking an
+// OS thread in a cgo call for the request's whole round trip (which makes
+// the Go scheduler hand its P to another thread every time).
+func (im *Image) aio(op int, p []byte, off, n uint64) (int, error) {
+	a := AioImage{img: rawHandle(im.img), where: im.where}
+	done, err := a.submit(op, p, off, n)
+	if err != nil {
+		return 0, err
+	}
+	ret := <-done
+	if ret < 0 {
+		return 0, errnoErr(aioNames[op], im.where, ret)
+	}
+	return ret, nil
+}
+
+var aioNames = [...]string{"read", "write", "discard", "flush"}
 
 // AioImage is an image opened for librbd's asynchronous I/O (rbd_aio_*),
 // which go-ceph does not wrap: a request is submitted from the calling
@@ -93,6 +122,11 @@ func rnicRBDAioDone(tag C.uintptr_t, ret C.ssize_t) {
 // Submit starts a read (op 0) or write (op 1) of p at off and returns a
 // channel that delivers librbd's return value (bytes or -errno).
 func (a *AioImage) Submit(op int, p []byte, off uint64) (<-chan int, error) {
+	return a.submit(op, p, off, uint64(len(p)))
+}
+
+// submit starts op on p (read, write) or on n bytes at off (discard).
+func (a *AioImage) submit(op int, p []byte, off, n uint64) (<-chan int, error) {
 	o := &aioOp{done: make(chan int, 1)}
 	var buf *C.char
 	if len(p) > 0 {
@@ -100,7 +134,7 @@ func (a *AioImage) Submit(op int, p []byte, off uint64) (<-chan int, error) {
 		buf = (*C.char)(unsafe.Pointer(&p[0]))
 	}
 	h := cgo.NewHandle(o)
-	if ret := C.rnic_aio(a.img, C.int(op), C.uint64_t(off), C.size_t(len(p)), buf, C.uintptr_t(h)); ret < 0 {
+	if ret := C.rnic_aio(a.img, C.int(op), C.uint64_t(off), C.size_t(n), buf, C.uintptr_t(h)); ret < 0 {
 		h.Delete()
 		o.pin.Unpin()
 		return nil, errnoErr(fmt.Sprintf("aio op %d", op), a.where, int(ret))

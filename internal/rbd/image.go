@@ -50,31 +50,30 @@ func (im *Image) ID() (string, error) {
 }
 
 // ReadAt fills p from offset off. The range must lie inside the image.
+// Reads, writes, discards and flushes go through librbd's asynchronous
+// interface on the image's handle (see aio), waited for on a channel.
 func (im *Image) ReadAt(p []byte, off int64) error {
-	n, err := im.img.ReadAt(p, off)
+	n, err := im.aio(0, p, uint64(off), uint64(len(p)))
 	if err == nil && n != len(p) {
 		return fmt.Errorf("rbd read %s: %d of %d bytes at %d", im.where, n, len(p), off)
 	}
-	return wrap("read", im.where, err)
+	return err
 }
 
 // WriteAt writes p at offset off. Without the exclusive lock (another
 // client owns it) it fails with ErrLockLost; once this client has been
 // blocklisted, with ErrFenced.
 func (im *Image) WriteAt(p []byte, off int64) error {
-	n, err := im.img.WriteAt(p, off)
-	if err == nil && n != len(p) {
-		return fmt.Errorf("rbd write %s: %d of %d bytes at %d", im.where, n, len(p), off)
-	}
-	return wrap("write", im.where, err)
+	_, err := im.aio(1, p, uint64(off), uint64(len(p)))
+	return err
 }
 
 // Discard deallocates [off, off+n): with the settings of this package it
 // reads as zeros afterwards, whole objects being removed and parts of
 // objects zeroed (in a clone, hiding the parent's data).
 func (im *Image) Discard(off, n uint64) error {
-	_, err := im.img.Discard(off, n)
-	return wrap("discard", im.where, err)
+	_, err := im.aio(2, nil, off, n)
+	return err
 }
 
 // zeroBlock is the pattern WriteZeroes repeats.
@@ -91,7 +90,10 @@ func (im *Image) WriteZeroes(off, n uint64) error {
 // Flush waits until every write acknowledged so far is on every replica
 // (with rbd_cache off it already is: this also orders against librbd's
 // internal queues).
-func (im *Image) Flush() error { return wrap("flush", im.where, im.img.Flush()) }
+func (im *Image) Flush() error {
+	_, err := im.aio(3, nil, 0, 0)
+	return err
+}
 
 // Resize changes the image's size; shrinking discards the tail.
 func (im *Image) Resize(size uint64) error {

@@ -39,7 +39,11 @@ type controller struct {
 	nguid    [16]byte
 	serial   string
 
-	lastActive atomic.Int64 // UnixNano of the last command on any queue
+	// activity counts the commands of all the controller's queues (the
+	// keep alive timer looks for a change); rdy mirrors CSTS.RDY (and not
+	// ended) for the I/O path.
+	activity atomic.Uint64
+	rdy      atomic.Bool
 
 	// SMART counters: the host's reads and writes on this controller.
 	reads, writes, bytesRead, bytesWritten atomic.Uint64
@@ -53,6 +57,7 @@ type controller struct {
 	tempThresh uint16
 	kato       time.Duration
 	kaTimer    *time.Timer
+	kaSeen     uint64 // activity when the timer period began
 	resvKey    uint64
 	registered bool
 	resvGen    uint32
@@ -111,13 +116,15 @@ func (s *Server) newController(subNQN, hostNQN string, hostID [16]byte, q *queue
 
 // touch records activity from the host (any command on any queue counts
 // for the keep alive timer).
-func (c *controller) touch() { c.lastActive.Store(time.Now().UnixNano()) }
+func (c *controller) touch() { c.activity.Add(1) }
 
-// ready reports CSTS.RDY.
-func (c *controller) ready() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.csts&cstsReady != 0 && !c.ended
+// ready reports CSTS.RDY (false once the controller ended).
+func (c *controller) ready() bool { return c.rdy.Load() }
+
+// setCSTSLocked changes CSTS and its mirror. c.mu held.
+func (c *controller) setCSTSLocked(v uint32) {
+	c.csts = v
+	c.rdy.Store(v&cstsReady != 0 && !c.ended)
 }
 
 // addQueue joins an I/O queue; false if the qid is taken or out of range.
@@ -162,6 +169,7 @@ func (c *controller) end(reason string) {
 	c.endOnce.Do(func() {
 		c.mu.Lock()
 		c.ended = true
+		c.rdy.Store(false)
 		if c.kaTimer != nil {
 			c.kaTimer.Stop()
 		}
@@ -233,17 +241,17 @@ func (c *controller) setCC(v uint32) (shutdown bool) {
 		iosqes, iocqes := v>>16&0xf, v>>20&0xf
 		mps, ams, css := v>>7&0xf, v>>11&7, v>>4&7
 		if (!c.disc && (iosqes != 6 || iocqes != 4)) || mps != 0 || ams != 0 || css != 0 {
-			c.csts |= cstsFatal
+			c.setCSTSLocked(c.csts | cstsFatal)
 			c.s.log.Warn("controller enable with unsupported settings", "cntlid", c.id, "cc", v)
 		} else {
-			c.csts = c.csts&^cstsShstMsk | cstsReady
+			c.setCSTSLocked(c.csts&^cstsShstMsk | cstsReady)
 		}
 	}
 	if v&ccEnable == 0 && old&ccEnable != 0 {
-		c.csts &^= cstsReady | cstsFatal
+		c.setCSTSLocked(c.csts &^ (cstsReady | cstsFatal))
 	}
 	if v&ccShnMask != 0 && old&ccShnMask == 0 {
-		c.csts = c.csts&^cstsShstMsk | cstsShstOcc
+		c.setCSTSLocked(c.csts&^cstsShstMsk | cstsShstOcc)
 		return true
 	}
 	return false
@@ -257,7 +265,7 @@ func (c *controller) shutdown(ctx context.Context) error {
 		err = c.fe.Volume().Flush(ctx)
 	}
 	c.mu.Lock()
-	c.csts = c.csts&^cstsShstMsk | cstsShstCmp
+	c.setCSTSLocked(c.csts&^cstsShstMsk | cstsShstCmp)
 	c.mu.Unlock()
 	return err
 }

@@ -27,12 +27,12 @@ func (c *controller) setKeepAliveLocked(kato time.Duration) {
 	if kato <= 0 || c.ended {
 		return
 	}
-	c.touch()
+	c.kaSeen = c.activity.Load()
 	c.kaTimer = time.AfterFunc(kato+c.s.cfg.KATOGrace, c.checkKeepAlive)
 }
 
-// checkKeepAlive runs when the timer fires: it drops the controller if the
-// host has been silent for the whole timeout, else waits for the rest.
+// checkKeepAlive runs when the timer fires: it drops the controller if no
+// command came during the whole period, else starts another.
 func (c *controller) checkKeepAlive() {
 	c.mu.Lock()
 	limit := c.kato + c.s.cfg.KATOGrace
@@ -40,15 +40,14 @@ func (c *controller) checkKeepAlive() {
 		c.mu.Unlock()
 		return
 	}
-	idle := time.Since(time.Unix(0, c.lastActive.Load()))
-	if idle < limit {
-		c.kaTimer.Reset(limit - idle)
+	if n := c.activity.Load(); n != c.kaSeen {
+		c.kaSeen = n
+		c.kaTimer.Reset(limit)
 		c.mu.Unlock()
 		return
 	}
 	c.mu.Unlock()
 	c.s.m.KeepAliveExpired.Add(1)
-	c.s.log.Warn("keep alive timeout: dropping the controller", "cntlid", c.id, "hostnqn", c.hostNQN,
-		"kato", c.kato, "silent", idle.Round(time.Millisecond))
+	c.s.log.Warn("keep alive timeout: dropping the controller", "cntlid", c.id, "hostnqn", c.hostNQN, "kato", c.kato)
 	c.end("keep alive timeout")
 }

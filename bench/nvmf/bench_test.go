@@ -27,12 +27,12 @@ import (
 )
 
 var (
-	reps    = flag.Int("reps", 3, "repetitions of every (job, target), interleaved")
-	runtim  = flag.Int("runtime", 5, "seconds of each fio run (after 1 s of ramp)")
+	reps    = flag.Int("reps", 5, "repetitions of every (job, target), interleaved")
+	runtim  = flag.Int("runtime", 4, "seconds of each fio run (after 1 s of ramp)")
 	jobList = flag.String("jobs", "", "comma-separated job names (default: all)")
 	out     = flag.String("out", "", "directory for nvmf.md and nvmf.json (default: bench/results)")
 	profJob = flag.String("profile", "randwrite-4k-qd16", "job during whose first rtarget run a CPU profile of rtarget is taken (nvmf-rtarget.pprof)")
-	cpus    = flag.Int("cpus", 0, "rtarget --cpus (GOMAXPROCS; 0: all the guest's CPUs)")
+	cpus    = flag.Int("cpus", 1, "rtarget --cpus (GOMAXPROCS; 0: all the guest's CPUs); 1, as bench/runner runs it")
 	siw     = flag.String("siw", "stock", "siw build: stock or crc1 (nvmet-rdma cannot serve crc1: MPA revision 1 gives it ORD 0)")
 )
 
@@ -83,6 +83,7 @@ ln -s $C/subsystems/$LNQN $C/ports/1/subsystems/$LNQN
 /host/rtarget serve --store memory --listen $A:4421 --nvmf-listen $A:4421 --insecure --volume bench:512M \
   --nvmf-host bench=$HOSTNQN --log-level warn --metrics-listen $A:9420 --cpus {{CPUS}} > /host/rtarget.log 2>&1 &
 RP=$!
+cpu() { awk '{print $14 + $15}' /proc/$RP/stat; } # rtarget's user + system CPU, in ticks of 10 ms
 dev() { for b in /sys/block/nvme*n*; do n=${b##*/}; case $n in *c*) continue;; esac
   [ "$(cat $b/device/subsysnqn 2>/dev/null)" = "$1" ] && echo /dev/$n; done; }
 for i in $(seq 50); do nvme connect -t rdma -a $A -s 4421 -n nqn.2026-11.dev.rnic:bench >/dev/null 2>&1 && break; sleep 0.5; done
@@ -100,13 +101,14 @@ for r in $(seq $R); do
     args=$(cat /host/jobs/$j)
     for t in $order; do
       d=$RD; [ $t = nvmet ] && d=$LD
-      W=
+      W=; c0=$(cpu)
       if [ $r = 1 ] && [ $t = rtarget ] && [ $j = "{{PROFJOB}}" ]; then
         (sleep 1; wget -q -O /host/rtarget.pprof "http://$A:9420/debug/pprof/profile?seconds=$((T-1))") & W=$!
       fi
       fio --name=$j --filename=$d $F $args --time_based --runtime=$T --ramp_time=1 --norandommap --randrepeat=0 \
         --lat_percentiles=1 --output=/host/res/$r-$j-$t.json || echo "BENCH fio failed $r $j $t"
       [ -n "$W" ] && wait $W
+      [ $t = rtarget ] && echo "$c0 $(cpu)" > /host/res/$r-$j-$t.cpu
     done
   done
   echo "BENCH rep $r done"
@@ -195,6 +197,9 @@ type run struct {
 	MBps   float64 `json:"mb_s"`
 	P50us  float64 `json:"p50_us"`
 	P99us  float64 `json:"p99_us"`
+	// CPUus is rtarget's CPU time (user + system) per I/O, in µs of the
+	// emulated CPU (rtarget runs only).
+	CPUus float64 `json:"cpu_us_per_io,omitempty"`
 }
 
 // fioJSON is the part of fio's JSON output read here.
@@ -234,8 +239,16 @@ func collect(resDir string, sel []job) ([]run, error) {
 				if strings.Contains(j.args, "write") {
 					d = f.Jobs[0].Write
 				}
-				runs = append(runs, run{Rep: r, Job: j.name, Target: tgt, IOPS: d.IOPS, MBps: d.BWBytes / 1e6,
-					P50us: d.Lat.Percentile["50.000000"] / 1e3, P99us: d.Lat.Percentile["99.000000"] / 1e3})
+				ru := run{Rep: r, Job: j.name, Target: tgt, IOPS: d.IOPS, MBps: d.BWBytes / 1e6,
+					P50us: d.Lat.Percentile["50.000000"] / 1e3, P99us: d.Lat.Percentile["99.000000"] / 1e3}
+				if c, err := os.ReadFile(filepath.Join(resDir, fmt.Sprintf("%d-%s-%s.cpu", r, j.name, tgt))); err == nil {
+					var a, b float64
+					if n, _ := fmt.Sscan(string(c), &a, &b); n == 2 && d.IOPS > 0 {
+						// ticks of 10 ms over the run (ramp included: 1 s more than measured)
+						ru.CPUus = (b - a) * 1e4 / (d.IOPS * float64(*runtim+1))
+					}
+				}
+				runs = append(runs, ru)
 			}
 		}
 	}
@@ -262,9 +275,11 @@ func report(runs []run, sel []job, when time.Time, reps, rt int, variant string)
 		"--store memory (the static binary over 9p) on a 512 MiB volume, nvmet-rdma on a 512 MiB brd RAM disk. Both "+
 		"filled first; fio libaio direct on the block devices, %d s per run after 1 s of ramp, %d repetitions with "+
 		"the targets' order alternating; the figures are medians. Latency is fio's total latency (submission to "+
-		"completion).\n\n", when.UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), variant, rt, reps)
-	fmt.Fprintf(&b, "| Job | unit | rtarget | nvmet | ratio | goal | rtarget p50 / p99 µs | nvmet p50 / p99 µs |\n")
-	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|\n")
+		"completion). The ratio is the median of the repetitions' ratios (each pair ran back to back); rtarget runs with "+
+		"--cpus %d. rtarget's CPU per I/O is its user + system time during the run (ramp included) over its I/Os, "+
+		"in µs of the emulated CPU: comparable between versions of rtarget, not with a real machine.\n\n", when.UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), variant, rt, reps, *cpus)
+	fmt.Fprintf(&b, "| Job | unit | rtarget | nvmet | ratio | goal | rtarget p50 / p99 µs | nvmet p50 / p99 µs | rtarget CPU µs/I/O |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|\n")
 	for _, j := range sel {
 		med := func(tgt string, f func(run) float64) float64 {
 			var v []float64
@@ -281,9 +296,20 @@ func report(runs []run, sel []job, when time.Time, reps, rt int, variant string)
 			metric, unit = func(r run) float64 { return r.MBps }, "MB/s"
 		}
 		o, p := med(ours, metric), med(peer, metric)
+		// The ratio is the median of each repetition's ratio: the two
+		// runs of a repetition are adjacent, so drift on the machine
+		// touches both alike.
+		var ratios []float64
+		for _, ro := range runs {
+			for _, rp := range runs {
+				if ro.Job == j.name && rp.Job == j.name && ro.Rep == rp.Rep && ro.Target == ours && rp.Target == peer && metric(rp) > 0 {
+					ratios = append(ratios, metric(ro)/metric(rp))
+				}
+			}
+		}
 		ratio := "-"
-		if p > 0 {
-			ratio = fmt.Sprintf("%.2fx", o/p)
+		if len(ratios) > 0 {
+			ratio = fmt.Sprintf("%.2fx", median(ratios))
 		}
 		goal := ""
 		if j.goal {
@@ -291,12 +317,12 @@ func report(runs []run, sel []job, when time.Time, reps, rt int, variant string)
 		}
 		p50 := func(r run) float64 { return r.P50us }
 		p99 := func(r run) float64 { return r.P99us }
-		fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %s | %s | %.0f / %.0f | %.0f / %.0f |\n", j.name, unit, o, p, ratio, goal,
-			med(ours, p50), med(ours, p99), med(peer, p50), med(peer, p99))
+		fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %s | %s | %.0f / %.0f | %.0f / %.0f | %.0f |\n", j.name, unit, o, p, ratio, goal,
+			med(ours, p50), med(ours, p99), med(peer, p50), med(peer, p99), med(ours, func(r run) float64 { return r.CPUus }))
 	}
-	fmt.Fprintf(&b, "\nEvery run (IOPS, MB/s, p50 µs, p99 µs):\n\n| rep | job | target | IOPS | MB/s | p50 | p99 |\n|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\nEvery run:\n\n| rep | job | target | IOPS | MB/s | p50 µs | p99 µs | CPU µs/I/O |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range runs {
-		fmt.Fprintf(&b, "| %d | %s | %s | %.0f | %.1f | %.0f | %.0f |\n", r.Rep, r.Job, r.Target, r.IOPS, r.MBps, r.P50us, r.P99us)
+		fmt.Fprintf(&b, "| %d | %s | %s | %.0f | %.1f | %.0f | %.0f | %.0f |\n", r.Rep, r.Job, r.Target, r.IOPS, r.MBps, r.P50us, r.P99us, r.CPUus)
 	}
 	return b.String()
 }

@@ -48,7 +48,10 @@ func serveCommand() *cli.Command {
 			"store. The list is the --volume flags (or RTARGET_VOLUME) plus the volume lines of --config, a name\n" +
 			"listed twice counting once (the first: the command line's, then the file's in order).\n" +
 			"SIGTERM or SIGINT drain requests in flight and sync the store; SIGHUP re-reads the volume lines of\n" +
-			"--config and creates the volumes newly listed. serve never resizes, recreates or deletes a volume.",
+			"--config and creates the volumes newly listed. serve never resizes, recreates or deletes a volume.\n" +
+			"With --nvmf-listen, every volume is also served over NVMe/RDMA as namespace 1 of subsystem\n" +
+			"nqn.2026-11.dev.rnic:NAME, for the Linux kernel's nvme-rdma host (nvme discover / nvme connect -t rdma);\n" +
+			"NVMe in-band authentication (DH-HMAC-CHAP) is not implemented: access is by host NQN (--nvmf-host).",
 		Flags: flags,
 		Before: func(c *cli.Context) error {
 			if c.IsSet("volume") {

@@ -395,6 +395,9 @@ func (h *hostQueue) do(f CommandFields, o cmdOpts) (hostResult, []byte, error) {
 					r.inv, f.DPTR.Subtype, want, n)
 			}
 			h.keyed[cid] = false
+		} else if f.DPTR.Type == SGLTypeKeyedData && f.DPTR.Subtype == SGLSubInvalidate && f.DPTR.Len > 0 &&
+			r.status() == StatusSuccess && o.mangle == nil && o.raw == nil {
+			return r, nil, fmt.Errorf("a successful command with keyed SGL subtype 0xF came back without Send with Invalidate")
 		}
 		var out []byte
 		if o.dir == dirToHost {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -105,7 +106,8 @@ func writeOps(w *bufio.Writer, prefix, what string, ops, errs *[target.NumOps]at
 	for k := target.OpKind(0); k < target.NumOps; k++ {
 		fmt.Fprintf(w, "%s_op_errors_total{op=%q} %d\n", prefix, k.String(), errs[k].Load())
 	}
-	fmt.Fprintf(w, "# HELP %s_op_seconds %s latency, arrival to answer.\n# TYPE %s_op_seconds histogram\n", prefix, what, prefix)
+	fmt.Fprintf(w, "# HELP %s_op_seconds Latency of %s, arrival to answer.\n# TYPE %s_op_seconds histogram\n", prefix,
+		strings.ToLower(what[:1])+what[1:], prefix)
 	for k := target.OpKind(0); k < target.NumOps; k++ {
 		h := &lat[k]
 		var cum uint64

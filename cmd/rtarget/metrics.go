@@ -92,22 +92,22 @@ func writeMetrics(w *bufio.Writer, m *target.Metrics) {
 	counter("rtarget_read_lease_expired_total", "READ buffers revoked without RELEASE.", m.LeaseExpired.Load())
 	counter("rtarget_locks_cleared_total", "Locks and reservations cleared at session end.", m.LocksCleared.Load())
 	counter("rtarget_volumes_fenced_total", "Volumes another target took over (their sessions here ended).", m.Fenced.Load())
-	writeOps(w, "rtarget", "Commands", &m.Ops, &m.Errors, &m.Latency)
+	writeOps(w, "rtarget", "commands", &m.Ops, &m.Errors, &m.Latency)
 }
 
 // writeOps writes the per-operation counters and latency histograms under
 // prefix (rtarget for the native protocol, rtarget_nvmf for NVMe/RDMA).
 func writeOps(w *bufio.Writer, prefix, what string, ops, errs *[target.NumOps]atomic.Uint64, lat *[target.NumOps]target.Histogram) {
-	fmt.Fprintf(w, "# HELP %s_ops_total %s completed.\n# TYPE %s_ops_total counter\n", prefix, what, prefix)
+	What := strings.ToUpper(what[:1]) + what[1:]
+	fmt.Fprintf(w, "# HELP %s_ops_total %s completed.\n# TYPE %s_ops_total counter\n", prefix, What, prefix)
 	for k := target.OpKind(0); k < target.NumOps; k++ {
 		fmt.Fprintf(w, "%s_ops_total{op=%q} %d\n", prefix, k.String(), ops[k].Load())
 	}
-	fmt.Fprintf(w, "# HELP %s_op_errors_total %s answered with an error status.\n# TYPE %s_op_errors_total counter\n", prefix, what, prefix)
+	fmt.Fprintf(w, "# HELP %s_op_errors_total %s answered with an error status.\n# TYPE %s_op_errors_total counter\n", prefix, What, prefix)
 	for k := target.OpKind(0); k < target.NumOps; k++ {
 		fmt.Fprintf(w, "%s_op_errors_total{op=%q} %d\n", prefix, k.String(), errs[k].Load())
 	}
-	fmt.Fprintf(w, "# HELP %s_op_seconds Latency of %s, arrival to answer.\n# TYPE %s_op_seconds histogram\n", prefix,
-		strings.ToLower(what[:1])+what[1:], prefix)
+	fmt.Fprintf(w, "# HELP %s_op_seconds Latency of %s, arrival to answer.\n# TYPE %s_op_seconds histogram\n", prefix, what, prefix)
 	for k := target.OpKind(0); k < target.NumOps; k++ {
 		h := &lat[k]
 		var cum uint64

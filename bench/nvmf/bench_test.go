@@ -84,8 +84,8 @@ ln -s $C/subsystems/$LNQN $C/ports/1/subsystems/$LNQN
   --nvmf-host bench=$HOSTNQN --log-level warn --metrics-listen $A:9420 --cpus {{CPUS}} > /host/rtarget.log 2>&1 &
 RP=$!
 cpu() { awk '{print $14 + $15}' /proc/$RP/stat; } # rtarget's user + system CPU, in ticks of 10 ms
-dev() { for b in /sys/block/nvme*n*; do n=${b##*/}; case $n in *c*) continue;; esac
-  [ "$(cat $b/device/subsysnqn 2>/dev/null)" = "$1" ] && echo /dev/$n; done; }
+dev() { for b in /sys/block/nvme*n*; do n=${b##*/}; [ -e "$b" ] || continue; case $n in *c*) continue;; esac
+  [ "$(cat "$b/device/subsysnqn" 2>/dev/null)" = "$1" ] && echo /dev/$n; done; }
 for i in $(seq 50); do nvme connect -t rdma -a $A -s 4421 -n nqn.2026-11.dev.rnic:bench >/dev/null 2>&1 && break; sleep 0.5; done
 nvme connect -t rdma -a $A -s 4420 -n $LNQN || { echo "BENCH connect nvmet failed"; exit 4; }
 sleep 1

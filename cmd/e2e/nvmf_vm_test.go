@@ -41,8 +41,9 @@ conn() { # volume: connects and sets dev
   nvme connect -t rdma -a $A -s $P -n $PFX:$1 --reconnect-delay=1 --ctrl-loss-tmo=120 >/dev/null; rc=$?; dev=
   for i in $(seq 100); do
     for b in /sys/block/nvme*n*; do n=${b##*/}
+      [ -e "$b" ] || continue
       case $n in *c*) continue;; esac
-      [ "$(cat $b/device/subsysnqn 2>/dev/null)" = "$PFX:$1" ] && dev=/dev/$n
+      [ "$(cat "$b/device/subsysnqn" 2>/dev/null)" = "$PFX:$1" ] && dev=/dev/$n
     done
     [ -n "$dev" ] && break; sleep 0.1
   done

@@ -38,6 +38,10 @@ func nvmfFlags() []cli.Flag {
 			"a volume with no --nvmf-host admits hosts on loopback addresses only", EnvVars: []string{"RTARGET_NVMF_HOST"}},
 		&cli.StringFlag{Name: "nvmf-advertise", Usage: "`HOST:PORT` the discovery log gives hosts to connect to (default: the " +
 			"address the host reached)", EnvVars: []string{"RTARGET_NVMF_ADVERTISE"}},
+		&cli.BoolFlag{Name: "nvmf-write-back", Usage: "acknowledge NVMe/RDMA writes before they are durable (faster with the thin " +
+			"store; Flush and FUA still sync). Without it every write is durable first: a host outlives a crash of rtarget, " +
+			"reconnects and replays its Flush to the restarted rtarget, which could not tell it that writes it had " +
+			"acknowledged were lost", EnvVars: []string{"RTARGET_NVMF_WRITE_BACK"}},
 		&cli.BoolFlag{Name: "nvmf-mpa-crc", Usage: "ask NVMe/RDMA hosts for MPA CRCs (otherwise used when the host asks: Linux " +
 			"siw does not by default)", EnvVars: []string{"RTARGET_NVMF_MPA_CRC"}},
 	}
@@ -91,7 +95,7 @@ func startNVMF(ctx context.Context, c *cli.Context, dev *rnic.Device, t *target.
 		}
 	}
 	srv, err := nvmf.New(nvmf.Config{Target: t, Store: st, Device: dev, Logger: log, Hosts: hosts,
-		Advertise: c.String("nvmf-advertise"), CRC: c.Bool("nvmf-mpa-crc")})
+		Advertise: c.String("nvmf-advertise"), CRC: c.Bool("nvmf-mpa-crc"), WriteBack: c.Bool("nvmf-write-back")})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -2,6 +2,7 @@ package nvmf
 
 import (
 	"crypto/rand"
+	"os"
 	"sync"
 	"testing"
 
@@ -14,7 +15,7 @@ import (
 // the allocations of both ends (host and target share the process).
 
 func benchIO(b *testing.B, write bool, size int, keyed bool) {
-	e := newTestEnv(b, envOpts{volumes: map[string]int64{"vol0": 256 << 20}})
+	e := newTestEnv(b, envOpts{volumes: map[string]int64{"vol0": 256 << 20}, thin: os.Getenv("NVMF_BENCH_THIN") != ""})
 	h := connectHost(b, e.addr, e.srv.NQN("vol0"), hostOpts{ioQueues: 1, qsize: 32})
 	data := make([]byte, size)
 	rand.Read(data)

@@ -14,10 +14,14 @@ import (
 // format 0 has LBADS 12), so every request is whole blocks:
 //
 //	Read          -> Volume.ReadBlocks, then RDMA Write to the host
-//	Write         -> (in-capsule data, or RDMA Read from the host) Volume.WriteBlocks, FUA passed on
+//	Write         -> (in-capsule data, or RDMA Read from the host) Volume.WriteBlocks
 //	Flush         -> Volume.Flush (the store's sync)
 //	DSM deallocate-> Volume.Trim per range
-//	Write Zeroes  -> Volume.WriteZeroes, FUA passed on
+//	Write Zeroes  -> Volume.WriteZeroes
+//
+// Writes and write-zeroes are durable before they complete (FUA, whatever
+// the host asked) unless Config.WriteBack: see there for why; with
+// WriteBack the host's FUA is passed on.
 //
 // Writes, trims and write-zeroes run under the volume's lock table
 // (target.FrontendSession.Mutate): a reservation held through the native
@@ -127,7 +131,7 @@ func (c *controller) write(q *queue, sl *slot, cmd Command) {
 		q.complete(sl, 0, err)
 		return
 	}
-	slba, fua := cmd.SLBA(), cmd.FUA()
+	slba, fua := cmd.SLBA(), cmd.FUA() || !c.s.cfg.WriteBack
 	bufLen := n
 	if sl.data.InCapsule {
 		bufLen = 0
@@ -230,7 +234,7 @@ func (c *controller) deallocate(q *queue, sl *slot, cmd Command) {
 
 func (c *controller) writeZeroes(q *queue, sl *slot, cmd Command) {
 	sl.kind = target.OpWriteZeroes
-	slba, nlb, fua := cmd.SLBA(), uint64(cmd.NLB()), cmd.FUA()
+	slba, nlb, fua := cmd.SLBA(), uint64(cmd.NLB()), cmd.FUA() || !c.s.cfg.WriteBack
 	err := c.checkRange(slba, nlb)
 	if err == nil && c.fe.ReadOnly() {
 		err = fail(StatusNSWriteProtected, "volume %s is read-only", c.volume.Name)

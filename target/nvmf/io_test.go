@@ -13,16 +13,22 @@ import (
 // sync (its Syncs counter), Dataset Management with Deallocate trims
 // (the blocks read as zeros, the trim counter moves), without it nothing
 // happens, and Write Zeroes zeroes.
+// With WriteBack (the store's write-back cache in front) a plain write does
+// not sync the store; by default every write does.
 func TestFlushTrimZeroes(t *testing.T) {
-	e := newTestEnv(t, envOpts{thin: true})
+	e := newTestEnv(t, envOpts{thin: true, cfg: func(c *Config) { c.WriteBack = true }})
 	h := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})
 	sy := e.st.(store.Syncer)
 	data := make([]byte, 16*store.BlockSize)
 	rand.Read(data)
+	before := sy.Syncs()
 	if st, err := h.write(0, 100, data, true); err != nil || st != StatusSuccess {
 		t.Fatalf("write: %v %v", st, err)
 	}
-	before := sy.Syncs()
+	if sy.Syncs() != before {
+		t.Fatal("a write without FUA synced the store under WriteBack")
+	}
+	before = sy.Syncs()
 	if r, _, err := h.io[0].do(CommandFields{Opcode: IOFlush, NSID: 0xffffffff}, cmdOpts{}); err != nil || r.status() != StatusSuccess {
 		t.Fatalf("flush: %v %v", r.status(), err)
 	}
@@ -78,5 +84,27 @@ func TestFlushTrimZeroes(t *testing.T) {
 	f.CDW10_15[0] = 1 // two ranges
 	if r, _, err := h.io[0].do(f, b); err != nil || r.status() != StatusLBARange|StatusDNR {
 		t.Fatalf("deallocate out of range: %v %v", r.status(), err)
+	}
+}
+
+// TestWriteThrough: by default every write and write-zeroes is durable
+// before its completion (a crash of the target must not lose what it
+// acknowledged: the host replays its Flush to the next incarnation).
+func TestWriteThrough(t *testing.T) {
+	e := newTestEnv(t, envOpts{thin: true})
+	h := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})
+	sy := e.st.(store.Syncer)
+	for i, keyed := range []bool{false, true} {
+		before := sy.Syncs()
+		if st, err := h.write(0, uint64(10*i), make([]byte, 2*store.BlockSize), keyed); err != nil || st != StatusSuccess {
+			t.Fatalf("write: %v %v", st, err)
+		}
+		if sy.Syncs() == before {
+			t.Fatalf("write (keyed %v) completed before the store synced", keyed)
+		}
+	}
+	before := sy.Syncs()
+	if r, _, err := h.io[0].do(rw(IOWriteZeroes, 40, 8), cmdOpts{}); err != nil || r.status() != StatusSuccess || sy.Syncs() == before {
+		t.Fatalf("write zeroes: %v %v, syncs %d -> %d", r.status(), err, before, sy.Syncs())
 	}
 }

@@ -63,6 +63,14 @@ type Config struct {
 	IOQueues int
 	// BufferBytes bounds the memory of data buffers in use: 256 MiB.
 	BufferBytes int64
+	// WriteBack acknowledges writes and write-zeroes before they are
+	// durable (the store's own write-back; Flush and FUA still reach its
+	// sync). Off by default: every write is made durable before its
+	// completion (FUA), because a host outlives a crash of the target
+	// process, reconnects and replays its Flush to the new incarnation,
+	// which would report durable writes the crash lost. NVMe has no way to
+	// tell the host (the native protocol has: its boot ID).
+	WriteBack bool
 	// CRC asks for MPA CRCs on every connection; without it they are used
 	// when the host asks (Linux siw does not by default).
 	CRC bool

@@ -72,7 +72,7 @@ func TestLoginRejects(t *testing.T) {
 		{"trailing", func(b []byte) []byte { return append(b, 0) }, ErrLength},
 		{"version", func(b []byte) []byte { b[0] = 2; return b }, ErrVersion},
 		{"opcode", func(b []byte) []byte { b[1] = OpProof.u8(); return b }, ErrOpcode},
-		{"flags", func(b []byte) []byte { b[3] = 4; return b }, ErrFlags},
+		{"flags", func(b []byte) []byte { b[3] = 8; return b }, ErrFlags},
 		{"inline without size", func(b []byte) []byte { b[3] = 2; return b }, ErrField},
 		{"inline unaligned", func(b []byte) []byte { b[3], b[14], b[15] = 2, 0x10, 1; return b }, ErrField},
 		{"inline too large", func(b []byte) []byte { b[3], b[13], b[14] = 2, 1, 0; return b }, ErrField},
@@ -199,7 +199,10 @@ func TestCommands(t *testing.T) {
 		{CommandFields{Op: OpHolder, Offset: 63}, ErrField},
 		{CommandFields{Op: OpRead, Offset: ^uint64(0) - 10, Length: 512}, ErrField},
 		{CommandFields{Op: OpResponse}, ErrOpcode},
-		{CommandFields{Op: 0x18}, ErrOpcode},
+		{CommandFields{Op: 0x19}, ErrOpcode},
+		{CommandFields{Op: OpBlockStatus}, ErrField},
+		{CommandFields{Op: OpBlockStatus, Length: 512, STag: 1}, ErrReserved},
+		{CommandFields{Op: OpBlockStatus, Length: 512, Flags: FlagFUA}, ErrFlags},
 	}
 	for _, c := range bad {
 		b := make([]byte, CommandLen)
@@ -619,5 +622,58 @@ func TestData(t *testing.T) {
 	}
 	if _, err := EncodeData(make([]byte, 40), &DataFields{Len: 512}); !errors.Is(err, ErrShort) {
 		t.Fatalf("short buffer: %v", err)
+	}
+}
+
+func TestExtents(t *testing.T) {
+	f := ExtentsFields{Tag: 7, Grant: GrantFields{STag: 2, Len: 4096},
+		Extents: []ExtentFields{{Length: 4096, Flags: ExtentHole | ExtentZero}, {Length: 8192}}}
+	good, err := EncodeExtents(make([]byte, MaxMessage), &f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := ParseExtents(good, 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Fields(); got.Tag != 7 || len(got.Extents) != 2 || got.Extents[0] != f.Extents[0] || got.Extents[1] != f.Extents[1] ||
+		got.Grant != f.Grant {
+		t.Fatalf("round trip: %+v", got)
+	}
+	if _, err := EncodeExtents(make([]byte, MaxMessage), &ExtentsFields{Extents: make([]ExtentFields, MaxExtents+1)}); !errors.Is(err, ErrField) {
+		t.Fatalf("encoding %d descriptors: %v", MaxExtents+1, err)
+	}
+	if ExtentsLen(MaxExtents) > MaxMessage {
+		t.Fatalf("MaxExtents descriptors take %d bytes, more than MaxMessage", ExtentsLen(MaxExtents))
+	}
+	cases := []struct {
+		name string
+		mod  func(b []byte) []byte
+		kind error
+	}{
+		{"short", func(b []byte) []byte { return b[:20] }, ErrShort},
+		{"trailing", func(b []byte) []byte { return append(b, 0) }, ErrLength},
+		{"truncated", func(b []byte) []byte { return b[:len(b)-1] }, ErrLength},
+		{"count 0", func(b []byte) []byte { clear(b[24:28]); return b[:ExtentsFixedLen] }, ErrField},
+		{"count above max", func(b []byte) []byte { b[26] = 1; return b }, ErrField},
+		{"flags", func(b []byte) []byte { b[3] = 2; return b }, ErrFlags},
+		{"reserved", func(b []byte) []byte { b[30] = 1; return b }, ErrReserved},
+		{"extent length 0", func(b []byte) []byte { clear(b[32:36]); return b }, ErrField},
+		{"extent unaligned", func(b []byte) []byte { b[35] = 1; return b }, ErrField},
+		{"extent flags", func(b []byte) []byte { b[39] = 4; return b }, ErrFlags},
+		{"sum overflows", func(b []byte) []byte {
+			copy(b[32:36], []byte{0xff, 0xff, 0xfe, 0})
+			copy(b[40:44], []byte{0xff, 0xff, 0xfe, 0})
+			return b
+		}, ErrField},
+		{"grant len 0", func(b []byte) []byte { clear(b[12:16]); return b }, ErrField},
+		{"opcode", func(b []byte) []byte { b[1] = OpData.u8(); return b }, ErrOpcode},
+	}
+	for _, c := range cases {
+		b := c.mod(append([]byte(nil), good...))
+		_, err := ParseExtents(b, 512)
+		if !errors.Is(err, c.kind) {
+			t.Errorf("%s: got %v, want %v", c.name, err, c.kind)
+		}
 	}
 }

@@ -6,7 +6,7 @@ import "encoding/binary"
 const CommandLen = 32
 
 // Command is a view of a command (initiator to target): READ, WRITE, FLUSH,
-// TRIM, WRITE_ZEROES, WRITE_REQ, RELEASE or HOLDER.
+// TRIM, WRITE_ZEROES, WRITE_REQ, RELEASE, HOLDER or BLOCK_STATUS.
 type Command []byte
 
 // CommandFields are a command's fields; which ones a command uses depends on
@@ -81,6 +81,7 @@ var commandRules = map[Opcode]commandRule{
 	OpWriteReq:    {offset: true, length: true, needLength: true},
 	OpRelease:     {stag: true, needSTag: true},
 	OpHolder:      {offset: true, maxSlot: true},
+	OpBlockStatus: {offset: true, length: true, needLength: true},
 }
 
 // ParseCommand checks a command: exact length, a command opcode, flags

@@ -42,7 +42,7 @@
 //	                                   table, grants, target proof)
 //	                                   or REJECT (status, reason)
 //
-// LOGIN (opcode 0x01, flags FlagJoin 0x1, FlagInline 0x2), 56 bytes +
+// LOGIN (opcode 0x01, flags FlagJoin 0x1, FlagInline 0x2, FlagExtents 0x4), 56 bytes +
 // names:
 //
 //	8   u16  credits requested (queue depth of this QP), > 0
@@ -60,7 +60,7 @@
 //
 // PROOF (0x03), 40 bytes: 8 [32] initiator proof.
 //
-// WELCOME (0x04, flags FlagInline), 104 bytes (112 with FlagInline) + 16
+// WELCOME (0x04, flags FlagInline, FlagExtents), 104 bytes (112 with FlagInline) + 16
 // per grant:
 //
 //	8   u64  session ID (random, non-zero)
@@ -152,6 +152,7 @@
 //	READ          READY (then RELEASE, which ends the exchange), or
 //	              RESPONSE with an error
 //	READ inline   DATA, or RESPONSE with an error
+//	BLOCK_STATUS  EXTENTS, or RESPONSE with an error
 //	WRITE_REQ     READY, then the WRITE's RESPONSE; or RESPONSE with an
 //	              error; or READY then RELEASE of that buffer (abandoned)
 //	other         RESPONSE
@@ -227,6 +228,9 @@
 //	HOLDER (0x17)        offset = a reservation slot: RESPONSE with Value =
 //	                     the session ID in that slot (0: none) and Detail =
 //	                     its initiator name.
+//	BLOCK_STATUS (0x18)  offset, length: EXTENTS describing the allocation
+//	                     of the range from its offset on (only on a QP
+//	                     whose WELCOME has FlagExtents).
 //
 // FUA: the RESPONSE is sent after the data is durable (store sync).
 //
@@ -257,6 +261,24 @@
 //
 // A RESPONSE with StatusOK never answers a READ: its success is READY or
 // DATA.
+//
+// EXTENTS (0x24), 32 bytes + 8n, the answer to a BLOCK_STATUS:
+//
+//	8   [16] a new write grant (STag 0: none)
+//	24  u32  n, the number of descriptors (1-MaxExtents, 124)
+//	28  u32  reserved, 0
+//	32  [8n] descriptors: u32 length in bytes (a positive multiple of min
+//	         I/O), u32 flags: 0x1 hole (not allocated), 0x2 reads as zeros
+//
+// The descriptors are consecutive from the BLOCK_STATUS's offset and
+// cover at most its length (they stop early when there are more than n,
+// or on a whole-block boundary inside the volume); the initiator asks
+// again from where they end. BLOCK_STATUS and EXTENTS are negotiated per
+// QP: a LOGIN with FlagExtents says the initiator may send BLOCK_STATUS
+// and takes EXTENTS, the WELCOME's FlagExtents says the target answers it.
+// Targets that predate them refuse such a LOGIN as malformed (REJECT,
+// StatusProtocol): the initiator logs in again without the flag, as with
+// FlagInline.
 //
 // GOODBYE (0x22): the target is ending the session (shutdown); commands
 // still outstanding get no answer and the QP closes. The initiator may

@@ -20,7 +20,27 @@ func seeds(t testing.TB) [][]byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out = append(out, il, iw)
+	el, err := EncodeLogin(make([]byte, MaxMessage), &LoginFields{Credits: 4, Extents: true, Initiator: "i", Volume: "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf.Extents = true
+	ew, err := EncodeWelcome(make([]byte, MaxMessage), &wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = append(out, il, iw, el, ew)
+	for _, f := range []ExtentsFields{
+		{Tag: 9, Extents: []ExtentFields{{Length: 4096, Flags: ExtentHole | ExtentZero}}},
+		{Tag: 10, Grant: GrantFields{STag: 3, Len: 4096}, Extents: []ExtentFields{{Length: 512}, {Length: 1 << 20, Flags: ExtentZero},
+			{Length: 65536, Flags: ExtentHole | ExtentZero}}},
+	} {
+		m, err := EncodeExtents(make([]byte, MaxMessage), &f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, m)
+	}
 	for _, f := range []DataFields{{Tag: 6, Len: 512}, {Tag: 7, Grant: GrantFields{STag: 3, Len: 4096, TO: 64}, Len: 4096}} {
 		m, err := EncodeData(make([]byte, DataLen(int(f.Len))), &f)
 		if err != nil {
@@ -40,6 +60,7 @@ func seeds(t testing.TB) [][]byte {
 		{Op: OpWrite, Flags: FlagFUA, Tag: 5, Offset: 512, Length: 512, STag: 0x1234, Token: 99},
 		{Op: OpFlush}, {Op: OpTrim, Length: 4096}, {Op: OpWriteZeroes, Length: 512},
 		{Op: OpWriteReq, Length: 1 << 20}, {Op: OpRelease, STag: 9}, {Op: OpHolder, Offset: 2},
+		{Op: OpBlockStatus, Tag: 11, Offset: 1 << 30, Length: 1<<32 - 4096},
 	} {
 		b := make([]byte, CommandLen)
 		Command(b).Encode(&f)
@@ -212,5 +233,32 @@ func FuzzData(f *testing.F) {
 		}
 		copy(out.Payload(), m.Payload())
 		reencode(t, "DATA", b, out)
+	})
+}
+
+func FuzzExtents(f *testing.F) {
+	addSeeds(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := ParseExtents(b, 512)
+		if err != nil {
+			isDecodeError(t, err)
+			return
+		}
+		fl := m.Fields()
+		out, err := EncodeExtents(make([]byte, MaxMessage), &fl)
+		if err != nil {
+			t.Fatalf("decoded EXTENTS does not encode: %v", err)
+		}
+		reencode(t, "EXTENTS", b, out)
+		var total uint64
+		for _, e := range fl.Extents {
+			if e.Length == 0 || e.Length%512 != 0 {
+				t.Fatalf("accepted an extent of %d bytes", e.Length)
+			}
+			total += uint64(e.Length)
+		}
+		if total >= 1<<32 {
+			t.Fatalf("accepted extents covering %d bytes", total)
+		}
 	})
 }

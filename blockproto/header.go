@@ -38,17 +38,19 @@ const (
 	OpWriteReq    Opcode = 0x15
 	OpRelease     Opcode = 0x16
 	OpHolder      Opcode = 0x17
+	OpBlockStatus Opcode = 0x18
 	OpResponse    Opcode = 0x20
 	OpReady       Opcode = 0x21
 	OpGoodbye     Opcode = 0x22
 	OpData        Opcode = 0x23
+	OpExtents     Opcode = 0x24
 )
 
 var opNames = map[Opcode]string{
 	OpLogin: "LOGIN", OpChallenge: "CHALLENGE", OpProof: "PROOF", OpWelcome: "WELCOME", OpReject: "REJECT",
 	OpRead: "READ", OpWrite: "WRITE", OpFlush: "FLUSH", OpTrim: "TRIM", OpWriteZeroes: "WRITE_ZEROES",
-	OpWriteReq: "WRITE_REQ", OpRelease: "RELEASE", OpHolder: "HOLDER", OpResponse: "RESPONSE",
-	OpReady: "READY", OpGoodbye: "GOODBYE", OpData: "DATA",
+	OpWriteReq: "WRITE_REQ", OpRelease: "RELEASE", OpHolder: "HOLDER", OpBlockStatus: "BLOCK_STATUS",
+	OpResponse: "RESPONSE", OpReady: "READY", OpGoodbye: "GOODBYE", OpData: "DATA", OpExtents: "EXTENTS",
 }
 
 func (o Opcode) String() string {
@@ -60,7 +62,7 @@ func (o Opcode) String() string {
 
 // IsCommand reports whether o is one of the initiator's commands, the
 // messages that carry a request tag and use a credit.
-func (o Opcode) IsCommand() bool { return o >= OpRead && o <= OpHolder }
+func (o Opcode) IsCommand() bool { return o >= OpRead && o <= OpBlockStatus }
 
 func hex8(v uint8) string {
 	const digits = "0123456789abcdef"
@@ -78,6 +80,9 @@ const (
 	// the LOGIN names; (WELCOME): the target answers them, up to the size
 	// the WELCOME names; (READ): answer with DATA, the data inline.
 	FlagInline uint16 = 0x0002
+	// FlagExtents (LOGIN): the initiator may send BLOCK_STATUS and takes
+	// EXTENTS; (WELCOME): the target answers BLOCK_STATUS.
+	FlagExtents uint16 = 0x0004
 )
 
 // Header is a view of the 8-byte header every message starts with.

@@ -21,7 +21,9 @@ type LoginFields struct {
 	Credits uint16 // queue depth the initiator asks for on this QP
 	// Inline (FlagInline when non-zero): the largest inline read the
 	// initiator takes on this QP, a multiple of 512 up to MaxInline.
-	Inline    uint32
+	Inline uint32
+	// Extents (FlagExtents): the initiator may send BLOCK_STATUS.
+	Extents   bool
 	SessionID uint64 // with Join; 0 otherwise
 	Nonce     [NonceLen]byte
 	Initiator string
@@ -30,6 +32,9 @@ type LoginFields struct {
 
 // Join reports FlagJoin.
 func (m Login) Join() bool { return Header(m).Flags()&FlagJoin != 0 }
+
+// Extents reports FlagExtents.
+func (m Login) Extents() bool { return Header(m).Flags()&FlagExtents != 0 }
 
 // Inline returns the largest inline read the initiator takes (0: none).
 func (m Login) Inline() uint32 { return binary.BigEndian.Uint32(m[12:16]) }
@@ -79,6 +84,9 @@ func EncodeLogin(b []byte, f *LoginFields) (Login, error) {
 	if f.Inline != 0 {
 		flags |= FlagInline
 	}
+	if f.Extents {
+		flags |= FlagExtents
+	}
 	Header(m).Encode(&HeaderFields{Opcode: OpLogin, Flags: flags})
 	binary.BigEndian.PutUint16(m[8:10], f.Credits)
 	m[10] = uint8(len(f.Initiator))
@@ -93,7 +101,7 @@ func EncodeLogin(b []byte, f *LoginFields) (Login, error) {
 
 // Fields returns the LOGIN's fields.
 func (m Login) Fields() LoginFields {
-	f := LoginFields{Join: m.Join(), Credits: m.Credits(), Inline: m.Inline(), SessionID: m.SessionID(),
+	f := LoginFields{Join: m.Join(), Credits: m.Credits(), Inline: m.Inline(), Extents: m.Extents(), SessionID: m.SessionID(),
 		Initiator: string(m.Initiator()), Volume: string(m.Volume())}
 	copy(f.Nonce[:], m.Nonce())
 	return f
@@ -103,7 +111,7 @@ func (m Login) Fields() LoginFields {
 // the inline size (with FlagInline a multiple of 512 up to MaxInline, else
 // 0), and that a join names a session and a new session does not.
 func ParseLogin(b []byte) (Login, error) {
-	if err := expect(b, OpLogin, LoginFixedLen, FlagJoin|FlagInline); err != nil {
+	if err := expect(b, OpLogin, LoginFixedLen, FlagJoin|FlagInline|FlagExtents); err != nil {
 		return nil, err
 	}
 	m := Login(b)

@@ -22,6 +22,8 @@ func Check(b []byte) (Header, error) {
 		_, err = ParseReady(b)
 	case op == OpData:
 		_, err = ParseData(b)
+	case op == OpExtents:
+		_, err = ParseExtents(b, MinInlineUnit)
 	case op.IsCommand():
 		_, err = ParseCommand(b)
 	}

@@ -46,7 +46,9 @@ type WelcomeFields struct {
 	// Inline (FlagInline when non-zero): the largest READ the target
 	// answers inline on this QP, a multiple of MinIO up to MaxInline.
 	Inline uint32
-	Grants []GrantFields // at most MaxWelcomeGrants
+	// Extents (FlagExtents): the target answers BLOCK_STATUS on this QP.
+	Extents bool
+	Grants  []GrantFields // at most MaxWelcomeGrants
 }
 
 // SessionID returns the session's ID.
@@ -146,6 +148,9 @@ func EncodeWelcome(b []byte, f *WelcomeFields) (Welcome, error) {
 		binary.BigEndian.PutUint32(m[104:108], f.Inline)
 		clear(m[108:112])
 	}
+	if f.Extents {
+		flags |= FlagExtents
+	}
 	Header(m).Encode(&HeaderFields{Opcode: OpWelcome, Flags: flags})
 	be := binary.BigEndian
 	be.PutUint64(m[8:16], f.SessionID)
@@ -175,7 +180,8 @@ func (m Welcome) Fields() WelcomeFields {
 	f := WelcomeFields{SessionID: m.SessionID(), BootID: m.BootID(), VolumeSize: m.VolumeSize(),
 		VolumeID: m.VolumeID(), MaxTransfer: m.MaxTransfer(), GrantSize: m.GrantSize(), Credits: m.Credits(),
 		Slot: m.Slot(), LockSTag: m.LockSTag(), LockCount: m.LockCount(), LockTO: m.LockTO(), MinIO: m.MinIO(),
-		PreferredIO: m.PreferredIO(), VolumeFlags: m.VolumeFlags(), Inline: m.Inline()}
+		PreferredIO: m.PreferredIO(), VolumeFlags: m.VolumeFlags(), Inline: m.Inline(),
+		Extents: Header(m).Flags()&FlagExtents != 0}
 	copy(f.TargetProof[:], m.TargetProof())
 	if n := m.GrantCount(); n > 0 {
 		f.Grants = make([]GrantFields, n)
@@ -192,7 +198,7 @@ func (m Welcome) Fields() WelcomeFields {
 // flags, the inline size (FlagInline: a multiple of MinIO up to MaxInline)
 // and every grant.
 func ParseWelcome(b []byte) (Welcome, error) {
-	if err := expect(b, OpWelcome, WelcomeFixedLen, FlagInline); err != nil {
+	if err := expect(b, OpWelcome, WelcomeFixedLen, FlagInline|FlagExtents); err != nil {
 		return nil, err
 	}
 	m := Welcome(b)

@@ -38,6 +38,8 @@ type Client struct {
 	// noInline: the target refused a LOGIN asking for inline reads (it
 	// predates them); later logins do not ask.
 	noInline atomic.Bool
+	// noExtents: the target refused a LOGIN asking for BLOCK_STATUS.
+	noExtents atomic.Bool
 
 	mu        sync.Mutex
 	target    int      // index in cfg.addrs of the target to dial next

@@ -39,6 +39,9 @@ type conn struct {
 	// sized the receive buffers.
 	askInline int
 	inline    uint32
+	// askExtents: the LOGIN asks for BLOCK_STATUS; extents: the WELCOME
+	// granted it.
+	askExtents, extents bool
 
 	atomBuf []byte
 	atomMR  *rnic.MR

@@ -106,6 +106,20 @@ func (q *conn) onRecv(wc *rnic.WC) error {
 			return rerr
 		}
 		return err
+	case blockproto.OpExtents:
+		m, err := blockproto.ParseExtents(msg, minIO)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrProtocol, err)
+		}
+		sl, err := q.slotOf(m.Tag())
+		if err != nil {
+			return err
+		}
+		err = sl.onExtents(m) // copies the descriptors out of msg
+		if rerr := q.Repost(i); rerr != nil {
+			return rerr
+		}
+		return err
 	case blockproto.OpGoodbye:
 		r, err := blockproto.ParseResponse(msg)
 		if err != nil {

@@ -2,6 +2,7 @@ package initiator
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -204,3 +205,49 @@ func (sl *slot) run(ctx context.Context) (result, error) {
 // abandonGrace bounds the wait for the data transfer of a request whose
 // context ended.
 const abandonGrace = 2 * time.Second
+
+// maxBlockStatus is the largest range one BLOCK_STATUS asks about (its
+// length field is 32 bits).
+const maxBlockStatus = 1<<32 - 4096
+
+// BlockStatus reports the allocation of length bytes at off (multiples of
+// 512), in order, as consecutive runs: fn gets each run's length and
+// whether it is a hole (not allocated in the target's store: it reads as
+// zeros); fn returns false to stop. A target that does not answer
+// BLOCK_STATUS makes the whole range one run of data.
+func (c *Client) BlockStatus(ctx context.Context, off, length int64, fn func(n int64, hole bool) bool) error {
+	if err := c.check(off, length); err != nil {
+		return err
+	}
+	var buf [blockproto.MaxExtents * blockproto.ExtentLen]byte
+	for length > 0 {
+		var got []blockproto.ExtentFields
+		err := c.retry(ctx, func(s *session) error {
+			got = got[:0]
+			if !s.pick(0).extents {
+				got = append(got, blockproto.ExtentFields{Length: uint32(min(length, maxBlockStatus))})
+				return nil
+			}
+			res, err := s.do(ctx, blockproto.OpBlockStatus, 0, uint64(off), uint32(min(length, maxBlockStatus)), 0, buf[:])
+			if err != nil {
+				return err
+			}
+			for i := range int(res.value) {
+				d := buf[i*blockproto.ExtentLen:]
+				got = append(got, blockproto.ExtentFields{Length: binary.BigEndian.Uint32(d[0:4]), Flags: binary.BigEndian.Uint32(d[4:8])})
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, e := range got {
+			n := int64(e.Length)
+			if !fn(n, e.Flags&blockproto.ExtentHole != 0) {
+				return nil
+			}
+			off, length = off+n, length-n
+		}
+	}
+	return nil
+}

@@ -54,8 +54,8 @@ func (q *conn) login(ctx context.Context, join bool) error {
 	if err != nil {
 		return err
 	}
-	f := blockproto.LoginFields{Credits: uint16(q.credits), Inline: uint32(q.askInline), Nonce: nonce,
-		Initiator: c.cfg.Initiator, Volume: c.cfg.Volume}
+	f := blockproto.LoginFields{Credits: uint16(q.credits), Inline: uint32(q.askInline), Extents: q.askExtents,
+		Nonce: nonce, Initiator: c.cfg.Initiator, Volume: c.cfg.Volume}
 	if join {
 		f.Join, f.SessionID = true, s.id
 	}
@@ -119,6 +119,10 @@ func (q *conn) login(ctx context.Context, join bool) error {
 		return fmt.Errorf("%w: inline reads of %d bytes granted, %d asked", ErrProtocol, wf.Inline, q.askInline)
 	}
 	q.inline = wf.Inline
+	if wf.Extents && !q.askExtents {
+		return fmt.Errorf("%w: BLOCK_STATUS granted, not asked", ErrProtocol)
+	}
+	q.extents = wf.Extents
 	if err := q.setCredits(int(wf.Credits)); err != nil {
 		return err
 	}

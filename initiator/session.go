@@ -74,11 +74,12 @@ func (c *Client) dial(ctx context.Context, epoch uint64, addr string) (*session,
 	return s, nil
 }
 
-// loginQP creates a QP and logs it in, asking for inline reads unless
-// the configuration or an earlier refusal says not to. A target that
-// predates inline reads refuses such a LOGIN as malformed
-// (StatusProtocol): then it logs in again without asking, and the client
-// does not ask again.
+// loginQP creates a QP and logs it in, asking for BLOCK_STATUS and inline
+// reads unless the configuration or an earlier refusal says not to. A
+// target that predates one of them refuses such a LOGIN as malformed
+// (StatusProtocol): then it logs in again without the newest one asked
+// for (BLOCK_STATUS, then inline reads), and the client does not ask for
+// it again.
 func (s *session) loginQP(ctx context.Context, join bool) (*conn, error) {
 	c := s.c
 	for {
@@ -90,14 +91,20 @@ func (s *session) loginQP(ctx context.Context, join bool) (*conn, error) {
 		if err != nil {
 			return nil, err
 		}
+		q.askExtents = !c.noExtents.Load()
 		err = q.login(ctx, join)
 		if err == nil {
 			return q, nil
 		}
 		q.Endpoint.Close(nil)
 		var le *LoginError
-		if inline == 0 || !errors.As(err, &le) || le.Status != blockproto.StatusProtocol {
+		if (inline == 0 && !q.askExtents) || !errors.As(err, &le) || le.Status != blockproto.StatusProtocol {
 			return nil, err
+		}
+		if q.askExtents {
+			c.log.Info("the target refused a LOGIN asking for BLOCK_STATUS: logging in without it", "err", err)
+			c.noExtents.Store(true)
+			continue
 		}
 		c.log.Info("the target refused a LOGIN asking for inline reads: logging in without them", "err", err)
 		c.noInline.Store(true)

@@ -30,6 +30,7 @@ const (
 	stageReadData          // READ: the RDMA Read's completion
 	stageWriteReady        // WRITE_REQ: READY (or an error RESPONSE)
 	stageReadInline        // READ with FlagInline: DATA (or an error RESPONSE)
+	stageExtents           // BLOCK_STATUS: EXTENTS (or an error RESPONSE)
 )
 
 // slot is one credit: one exchange at a time.
@@ -161,6 +162,10 @@ func (sl *slot) start() error {
 			sl.sge[0] = sl.command(blockproto.OpWriteReq, 0)
 			sl.wrs[0] = rnic.SendWR{Op: rnic.WRSend, Unsignaled: true, SGL: sl.sge[:1]}
 		}
+	case blockproto.OpBlockStatus:
+		sl.stage = stageExtents
+		sl.sge[0] = sl.command(sl.op, 0)
+		sl.wrs[0] = rnic.SendWR{Op: rnic.WRSend, Unsignaled: true, SGL: sl.sge[:1]}
 	default:
 		sl.stage = stageResponse
 		sl.sge[0] = sl.command(sl.op, 0)
@@ -244,6 +249,9 @@ func (sl *slot) onResponse(r blockproto.Response) error {
 	if (sl.stage == stageReadReady || sl.stage == stageReadInline) && r.Status() == blockproto.StatusOK {
 		return fmt.Errorf("%w: RESPONSE with status OK to a READ", ErrProtocol)
 	}
+	if sl.stage == stageExtents && r.Status() == blockproto.StatusOK {
+		return fmt.Errorf("%w: RESPONSE with status OK to a BLOCK_STATUS", ErrProtocol)
+	}
 	sl.status, sl.value = r.Status(), r.Value()
 	if d := r.Detail(); len(d) > 0 {
 		sl.detail = string(d)
@@ -260,24 +268,58 @@ func (sl *slot) onResponse(r blockproto.Response) error {
 // goes straight to the caller's memory (unless the caller gave up), and
 // the exchange ends.
 func (sl *slot) onData(m blockproto.Data) error {
-	st := sl.state.Load()
-	if st != slotInflight && st != slotAbandoned {
-		return fmt.Errorf("%w: DATA for idle slot %d", ErrProtocol, sl.idx)
-	}
-	if sl.stage != stageReadInline {
-		return fmt.Errorf("%w: DATA for slot %d, which did not ask for one", ErrProtocol, sl.idx)
+	if err := sl.expect("DATA", stageReadInline); err != nil {
+		return err
 	}
 	if m.Len() != sl.n {
 		return fmt.Errorf("%w: DATA of %d bytes for a %d-byte READ", ErrProtocol, m.Len(), sl.n)
 	}
-	// Claim the caller's memory: a waiting caller cannot give up while
-	// the data is copied.
-	if sl.state.CompareAndSwap(slotInflight, slotMapped) {
-		copy(sl.p, m.Payload())
+	sl.deliver(m.Payload(), m.Grant().Fields(), 0)
+	return nil
+}
+
+// expect checks that an answer carrying data (what) is the one the
+// slot's exchange waits for.
+func (sl *slot) expect(what string, stage int) error {
+	st := sl.state.Load()
+	if st != slotInflight && st != slotAbandoned {
+		return fmt.Errorf("%w: %s for idle slot %d", ErrProtocol, what, sl.idx)
 	}
-	sl.q.putGrant(m.Grant().Fields())
-	sl.status = blockproto.StatusOK
+	if sl.stage != stage {
+		return fmt.Errorf("%w: %s for slot %d, which did not ask for one", ErrProtocol, what, sl.idx)
+	}
+	return nil
+}
+
+// deliver ends the exchange with its answer's payload copied to the
+// caller's memory (unless the caller gave up: claiming the memory first
+// keeps a waiting caller from giving up during the copy), the answer's
+// grant kept and value as the result.
+func (sl *slot) deliver(payload []byte, grant blockproto.GrantFields, value uint64) {
+	if sl.state.CompareAndSwap(slotInflight, slotMapped) {
+		copy(sl.p, payload)
+	}
+	sl.q.putGrant(grant)
+	sl.status, sl.value = blockproto.StatusOK, value
 	sl.finish()
+}
+
+// onExtents handles an EXTENTS, the answer to a BLOCK_STATUS: its
+// descriptors (encoded, ExtentLen bytes each) go to the caller's buffer
+// unless the caller gave up, their count to the result's value, and the
+// exchange ends. They must cover at most the range asked for.
+func (sl *slot) onExtents(m blockproto.Extents) error {
+	if err := sl.expect("EXTENTS", stageExtents); err != nil {
+		return err
+	}
+	var total uint64
+	for i := range m.Count() {
+		total += uint64(m.Extent(i).Length)
+	}
+	if total > uint64(sl.n) {
+		return fmt.Errorf("%w: EXTENTS covering %d bytes for a %d-byte BLOCK_STATUS", ErrProtocol, total, sl.n)
+	}
+	sl.deliver(m[blockproto.ExtentsFixedLen:], m.Grant().Fields(), uint64(m.Count()))
 	return nil
 }
 

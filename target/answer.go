@@ -111,3 +111,19 @@ func (c *conn) sendData(s *slot, area []byte, n uint32) {
 	s.free()
 	c.post(s, k+1)
 }
+
+// sendExtents ends the slot's exchange with an EXTENTS (and a grant if one
+// is idle).
+func (c *conn) sendExtents(s *slot, ext []blockproto.ExtentFields) {
+	if len(ext) == 0 || len(ext) > blockproto.MaxExtents {
+		c.log.Error("an EXTENTS that cannot be encoded: answering with an I/O error", "extents", len(ext))
+		c.answer(s, blockproto.StatusIO, 0, "")
+		return
+	}
+	f := blockproto.ExtentsFields{Tag: blockproto.Command(s.cmd[:]).Tag(), Extents: ext}
+	k := c.attachGrant(s, &f.Grant)
+	m, _ := blockproto.EncodeExtents(c.Area(s.idx), &f) // cannot fail: checked above
+	c.sendWR(s, k, len(m))
+	s.free()
+	c.post(s, k+1)
+}

@@ -28,9 +28,11 @@ type conn struct {
 	// inline is the largest READ answered with DATA (0: the QP has no
 	// inline reads); inBuf holds one DATA area of inArea bytes per slot.
 	inline int
-	inArea int
-	inBuf  []byte
-	inMR   *rnic.MR
+	// extents: the LOGIN asked for BLOCK_STATUS, and the WELCOME granted it.
+	extents bool
+	inArea  int
+	inBuf   []byte
+	inMR    *rnic.MR
 
 	slots  []slot
 	grants grantTable

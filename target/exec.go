@@ -68,6 +68,8 @@ func (c *conn) execute(s *slot) {
 		c.t.m.done(OpFlush, s.began, st != blockproto.StatusOK)
 	case blockproto.OpTrim, blockproto.OpWriteZeroes:
 		c.doDiscard(s, m)
+	case blockproto.OpBlockStatus:
+		c.doBlockStatus(s, m)
 	case blockproto.OpHolder:
 		var id uint64
 		name := ""
@@ -365,4 +367,61 @@ func (c *conn) discard(s *slot, kind OpKind, off, n uint64, fua bool, token uint
 		}
 	}
 	return mutationCheck{}
+}
+
+// doBlockStatus answers a BLOCK_STATUS with the allocation of the range
+// from its offset on, as the store reports it, in at most MaxExtents
+// descriptors; an unaligned start or end is rounded out to whole blocks
+// and the descriptors clipped back to the range.
+func (c *conn) doBlockStatus(s *slot, m blockproto.Command) {
+	off, n := m.Offset(), m.Length()
+	st := c.checkIO(off, n, 0)
+	if st == blockproto.StatusOK && !c.extents {
+		st = blockproto.StatusInvalid
+	}
+	if st != blockproto.StatusOK {
+		c.answer(s, st, 0, "")
+		return
+	}
+	var ext [blockproto.MaxExtents]blockproto.ExtentFields
+	k := 0
+	end := off + uint64(n)
+	first := off / blk
+	err := c.sess.vol.v.BlockStatus(c.Context(), first, (end+blk-1)/blk-first, func(e store.Extent) bool {
+		lo, hi := max(e.LBA*blk, off), min((e.LBA+e.Count)*blk, end)
+		if hi <= lo {
+			return true
+		}
+		for hi > lo {
+			if k == len(ext) {
+				return false
+			}
+			piece := min(hi-lo, 1<<32-blk) // a descriptor's length is 32 bits
+			flags := uint32(0)
+			if e.Hole {
+				flags = blockproto.ExtentHole | blockproto.ExtentZero
+			}
+			if k > 0 && ext[k-1].Flags == flags && uint64(ext[k-1].Length)+piece < 1<<32 {
+				ext[k-1].Length += uint32(piece)
+			} else {
+				ext[k] = blockproto.ExtentFields{Length: uint32(piece), Flags: flags}
+				k++
+			}
+			lo += piece
+		}
+		return true
+	})
+	if err != nil {
+		if c.t.storeFailed(c.sess.vol, err) {
+			return // not answered: replayed at the target that took over
+		}
+		c.log.Warn("block status failed", "volume", c.sess.vol.name, "offset", off, "length", n, "err", err)
+		c.answer(s, storeStatus(err), 0, err.Error())
+		return
+	}
+	if k == 0 {
+		c.answer(s, blockproto.StatusIO, 0, "the store reported no extent")
+		return
+	}
+	c.sendExtents(s, ext[:k])
 }

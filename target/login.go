@@ -242,6 +242,9 @@ func (t *Target) welcome(c *conn, secret []byte, login blockproto.Login,
 		}
 		f.Inline = uint32(n)
 	}
+	if login.Extents() {
+		c.extents, f.Extents = true, true
+	}
 	var wrs []rnic.SendWR
 	var frs [blockproto.MaxWelcomeGrants]rnic.FastReg
 	for len(f.Grants) < blockproto.MaxWelcomeGrants {

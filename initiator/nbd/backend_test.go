@@ -164,3 +164,28 @@ func (a *asyncMem) Plug() Unplugger {
 type unplugFunc func()
 
 func (f unplugFunc) Unplug() { f() }
+
+// BlockStatus reports the all-zero 4 KiB blocks of m as holes (a
+// BlockStatuser for base:allocation).
+func (m *memBackend) BlockStatus(ctx context.Context, off, length int64, fn func(n int64, hole bool) bool) error {
+	if err := m.call(ctx, "block-status", off, length); err != nil {
+		return err
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for end := off + length; off < end; {
+		n := min(end-off, 4096-off%4096)
+		hole := true
+		for _, b := range m.data[off : off+n] {
+			if b != 0 {
+				hole = false
+				break
+			}
+		}
+		if !fn(n, hole) {
+			return nil
+		}
+		off += n
+	}
+	return nil
+}

@@ -13,6 +13,8 @@ func TestCheck(t *testing.T) {
 	rw := Export{Backend: newMem(0)}.withDefaults()
 	ro := Export{Backend: newMem(0), ReadOnly: true}.withDefaults()
 	const size = 1 << 20
+	bs := Export{Backend: newMem(0)}.withDefaults()
+	bs.MaxBlock = 64 << 10
 	for _, tc := range []struct {
 		exp   Export
 		typ   uint16
@@ -47,9 +49,17 @@ func TestCheck(t *testing.T) {
 		{ro, CmdWriteZeroes, 0, 0, 512, EPERM},
 		{ro, CmdRead, 0, 0, 512, 0},
 		{ro, CmdFlush, 0, 0, 0, 0},
+		// bs has base:allocation selected.
+		{bs, CmdBlockStatus, 0, 0, 512, 0},
+		{bs, CmdBlockStatus, CmdFlagReqOne | CmdFlagFUA, 0, size, 0}, // longer than MaxBlock: no payload
+		{bs, CmdBlockStatus, 0, 0, 0, EINVAL},
+		{bs, CmdBlockStatus, 0, size - 512, 1024, EINVAL},
+		{bs, CmdBlockStatus, 0, 1, 512, EINVAL},
+		{bs, CmdBlockStatus, CmdFlagNoHole, 0, 512, EINVAL},
 	} {
 		r := &request{typ: tc.typ, flags: tc.flags, off: tc.off, length: tc.n}
-		if got := check(tc.exp, size, r); got != tc.want {
+		sel := selected{exp: tc.exp, size: size, structured: tc.exp.MaxBlock == 64<<10, metaAlloc: tc.exp.MaxBlock == 64<<10}
+		if got := check(sel, r); got != tc.want {
 			t.Errorf("%s ro=%v flags %#x off %d len %d: %d, want %d", commandName(tc.typ), tc.exp.ReadOnly, tc.flags, tc.off, tc.n, got, tc.want)
 		}
 	}

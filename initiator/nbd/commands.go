@@ -1,6 +1,7 @@
 package nbd
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,11 +10,14 @@ import (
 // allowedFlags are the command flags accepted per command. FUA is
 // accepted on every command, as the specification requires once
 // NBD_FLAG_SEND_FUA is advertised (it is a no-op where nothing is
-// written). DF, REQ_ONE and FAST_ZERO belong to features this server does
-// not advertise and are refused with EINVAL.
+// written). DF and FAST_ZERO belong to features this server does not
+// advertise and are refused with EINVAL.
 func allowedFlags(typ uint16) uint16 {
-	if typ == CmdWriteZeroes {
+	switch typ {
+	case CmdWriteZeroes:
 		return CmdFlagFUA | CmdFlagNoHole
+	case CmdBlockStatus:
+		return CmdFlagFUA | CmdFlagReqOne
 	}
 	return CmdFlagFUA
 }
@@ -21,18 +25,23 @@ func allowedFlags(typ uint16) uint16 {
 // check validates a request against the export before it is run and
 // returns the NBD error to answer with, or 0:
 //
-//   - unknown command (including NBD_CMD_BLOCK_STATUS, which needs
-//     metadata contexts this server never negotiates), or a flag not
-//     valid for the command: EINVAL;
+//   - unknown command, NBD_CMD_BLOCK_STATUS without base:allocation
+//     selected, or a flag not valid for the command: EINVAL;
+//   - NBD_CMD_BLOCK_STATUS of length 0: EINVAL;
 //   - WRITE, TRIM or WRITE_ZEROES on a read-only export: EPERM;
 //   - FLUSH with a nonzero offset or length: EINVAL;
 //   - READ or WRITE longer than MaxBlock: EINVAL;
 //   - offset or length not a multiple of MinBlock: EINVAL;
 //   - a range past the end of the export: ENOSPC for WRITE and
 //     WRITE_ZEROES, EINVAL for READ, TRIM and CACHE.
-func check(exp Export, size int64, r *request) uint32 {
+func check(sel selected, r *request) uint32 {
+	exp, size := sel.exp, sel.size
 	switch r.typ {
 	case CmdRead, CmdWrite, CmdFlush, CmdTrim, CmdWriteZeroes, CmdCache:
+	case CmdBlockStatus:
+		if !sel.metaAlloc || r.length == 0 {
+			return EINVAL
+		}
 	default:
 		return EINVAL
 	}
@@ -96,8 +105,54 @@ func (t *transmission) execute(r *request) {
 		err = be.WriteZeroes(ctx, off, n, fua)
 	case CmdCache:
 		// Advisory and not advertised; accepted as a no-op.
+	case CmdBlockStatus:
+		err = t.blockStatus(r)
 	}
 	t.finish(r, err)
+}
+
+// maxDescriptors bounds the descriptors of one BLOCK_STATUS reply: the
+// client asks again from where they end.
+const maxDescriptors = 512
+
+// blockStatus fills r.ext with the base:allocation descriptors of r's
+// range: holes (NBD_STATE_HOLE|NBD_STATE_ZERO) and data, at most
+// maxDescriptors of them (one with NBD_CMD_FLAG_REQ_ONE), covering at most
+// the range.
+func (t *transmission) blockStatus(r *request) error {
+	bs, ok := t.sel.exp.Backend.(BlockStatuser)
+	if !ok {
+		return &Error{Errno: EINVAL, Err: errors.New("the backend reports no allocation")}
+	}
+	limit := maxDescriptors
+	if r.flags&CmdFlagReqOne != 0 {
+		limit = 1
+	}
+	r.ext = r.ext[:0]
+	var last uint32 // flags of the descriptor ext ends with
+	err := bs.BlockStatus(t.ctx, int64(r.off), int64(r.length), func(n int64, hole bool) bool {
+		flags := uint32(0)
+		if hole {
+			flags = StateHole | StateZero
+		}
+		k := len(r.ext) / 8
+		if k > 0 && last == flags {
+			d := r.ext[len(r.ext)-8:]
+			binary.BigEndian.PutUint32(d, binary.BigEndian.Uint32(d)+uint32(n)) // within the 32-bit request length
+			return true
+		}
+		if k == limit {
+			return false
+		}
+		r.ext = binary.BigEndian.AppendUint32(r.ext, uint32(n))
+		r.ext = binary.BigEndian.AppendUint32(r.ext, flags)
+		last = flags
+		return true
+	})
+	if err == nil && len(r.ext) == 0 {
+		err = &Error{Errno: EIO, Err: errors.New("the backend reported no extent")}
+	}
+	return err
 }
 
 // finish records the outcome of r's backend call: the NBD error, and for

@@ -19,6 +19,11 @@ type conn struct {
 	bw       *bufio.Writer
 	log      *slog.Logger
 	noZeroes bool // the client set NBD_FLAG_C_NO_ZEROES
+	// Negotiated by options: structured replies, and the export
+	// base:allocation was last selected (or not) for.
+	structured bool
+	metaExport string
+	metaAlloc  bool
 
 	mu      sync.Mutex // guards closing and the read deadline
 	closing bool
@@ -72,7 +77,8 @@ func (cfg *config) run(ctx context.Context, nc net.Conn) (*conn, error) {
 		return c, fmt.Errorf("nbd: clear deadline: %w", err)
 	}
 	c.log.Info("nbd: transmission", "export", sel.exp.Name, "size", sel.size,
-		"flags", fmt.Sprintf("%#x", sel.flags), "via", optionName(sel.via), "block_size_requested", sel.blockSize)
+		"flags", fmt.Sprintf("%#x", sel.flags), "via", optionName(sel.via), "block_size_requested", sel.blockSize,
+		"structured_replies", sel.structured, "base_allocation", sel.metaAlloc)
 	return c, c.transmit(ctx, sel)
 }
 

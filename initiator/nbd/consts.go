@@ -13,6 +13,8 @@ const (
 	magicOptionReply = protocol.NEGOTIATION_MAGIC_REPLY
 	magicRequest     = protocol.TRANSMISSION_MAGIC_REQUEST
 	magicSimpleReply = protocol.TRANSMISSION_MAGIC_REPLY
+	// magicStructuredReply starts a structured reply chunk.
+	magicStructuredReply = uint32(0x668e33ef)
 )
 
 // Handshake flags (server) and client flags.
@@ -59,6 +61,7 @@ const (
 	RepAck             = protocol.NEGOTIATION_TYPE_REPLY_ACK
 	RepServer          = protocol.NEGOTIATION_TYPE_REPLY_SERVER
 	RepInfo            = protocol.NEGOTIATION_TYPE_REPLY_INFO
+	RepMetaContext     = uint32(4)
 	RepErrUnsup        = protocol.NEGOTIATION_TYPE_REPLY_ERR_UNSUPPORTED
 	RepErrPolicy       = uint32(2 | 1<<31)
 	RepErrInvalid      = uint32(3 | 1<<31)
@@ -88,6 +91,28 @@ const (
 	CmdCache       = uint16(5)
 	CmdWriteZeroes = uint16(6)
 	CmdBlockStatus = uint16(7)
+)
+
+// Structured reply chunk flags and types (NBD_REPLY_FLAG_*,
+// NBD_REPLY_TYPE_*).
+const (
+	ReplyFlagDone        = uint16(1 << 0)
+	ReplyTypeNone        = uint16(0)
+	ReplyTypeOffsetData  = uint16(1)
+	ReplyTypeOffsetHole  = uint16(2)
+	ReplyTypeBlockStatus = uint16(5)
+	ReplyTypeError       = uint16(1<<15 | 1)
+	ReplyTypeErrorOffset = uint16(1<<15 | 2)
+)
+
+// The metadata context this server offers, and its flags (NBD_STATE_*).
+const (
+	MetaBaseAllocation = "base:allocation"
+	// metaAllocID is the context ID NBD_OPT_SET_META_CONTEXT gives
+	// base:allocation.
+	metaAllocID = uint32(1)
+	StateHole   = uint32(1 << 0)
+	StateZero   = uint32(1 << 1)
 )
 
 // Command flags (NBD_CMD_FLAG_*).

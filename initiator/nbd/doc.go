@@ -17,7 +17,9 @@
 // TransmissionRequestHeader, TransmissionReplyHeader) are the field
 // structs that this package's wire views (Greeting, Option, OptionReply,
 // InfoExport, InfoBlockSize, Request, SimpleReply) encode from. The
-// handshake and the whole transmission phase are this package's.
+// handshake and the whole transmission phase are this package's, and so
+// are structured replies and metadata contexts (StructuredReply,
+// MetaContextRequest), which go-nbd lacks.
 //
 // # Handshake
 //
@@ -32,8 +34,16 @@
 //     export closes the connection, the only refusal that option allows.
 //   - NBD_OPT_LIST: one NBD_REP_SERVER (name and description) per export.
 //   - NBD_OPT_ABORT: acknowledged, then the connection is closed.
-//   - everything else, including NBD_OPT_STRUCTURED_REPLY and
-//     NBD_OPT_STARTTLS: NBD_REP_ERR_UNSUP; so replies are always simple.
+//   - NBD_OPT_STRUCTURED_REPLY: acknowledged; READ and BLOCK_STATUS are
+//     then answered with structured replies (below).
+//   - NBD_OPT_LIST_META_CONTEXT, NBD_OPT_SET_META_CONTEXT (after
+//     NBD_OPT_STRUCTURED_REPLY, else NBD_REP_ERR_INVALID): the one context
+//     is base:allocation (ID 1), offered for exports whose Backend is a
+//     BlockStatuser. A listing matches it with no query, "base:" or its
+//     name; a selection takes it when a query names it, for the export the
+//     option names, and is used only if that export is the one chosen.
+//   - everything else, including NBD_OPT_STARTTLS and
+//     NBD_OPT_EXTENDED_HEADERS: NBD_REP_ERR_UNSUP.
 //
 // Option data over 64 KiB is skipped and answered with
 // NBD_REP_ERR_TOO_BIG (an NBD_OPT_EXPORT_NAME that long closes the
@@ -70,14 +80,25 @@
 //
 // Commands: READ, WRITE (FUA), FLUSH, TRIM (FUA: trim then Flush),
 // WRITE_ZEROES (FUA; NO_HOLE is accepted and served as plain zeroing),
-// CACHE (accepted as a no-op, not advertised) and DISC. Every failure is
-// answered on the request and the connection stays usable:
+// CACHE (accepted as a no-op, not advertised), BLOCK_STATUS (with
+// base:allocation selected; REQ_ONE honoured) and DISC.
+//
+// Replies are simple unless structured replies were negotiated; then a
+// READ gets one chunk, NBD_REPLY_TYPE_OFFSET_DATA (or NONE for a length of
+// 0, or ERROR), a BLOCK_STATUS one NBD_REPLY_TYPE_BLOCK_STATUS chunk of at
+// most 512 descriptors (NBD_STATE_HOLE|NBD_STATE_ZERO for unallocated
+// ranges, 0 for data) or ERROR, every chunk with NBD_REPLY_FLAG_DONE;
+// other commands keep simple replies, which the specification allows for
+// replies without payload. Every failure is answered on the request and
+// the connection stays usable:
 //
 //   - EINVAL: unknown command (the specification's SHOULD; it reserves
-//     ENOTSUP for fast-zero requests), a flag not valid for the command,
+//     ENOTSUP for fast-zero requests), BLOCK_STATUS without
+//     base:allocation selected or of length 0, a flag not valid for the
+//     command,
 //     misalignment to the minimum block size, READ/WRITE longer than the
-//     maximum payload, FLUSH with nonzero offset/length, READ/TRIM past
-//     the end;
+//     maximum payload, FLUSH with nonzero offset/length, READ, TRIM or
+//     BLOCK_STATUS past the end;
 //   - ENOSPC: WRITE/WRITE_ZEROES past the end;
 //   - EPERM: WRITE, TRIM, WRITE_ZEROES on a read-only export;
 //   - Backend errors: mapped by Errno (EIO unless the error says

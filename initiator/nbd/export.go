@@ -67,6 +67,16 @@ type (
 	Flusher = interface{ Flush() }
 )
 
+// BlockStatuser is an optional Backend interface: the allocation of the
+// export, for NBD_CMD_BLOCK_STATUS with the base:allocation metadata
+// context, which the server offers only for exports whose Backend has it.
+// BlockStatus reports length bytes at off (checked as for ReadAt) in
+// order, as consecutive runs: fn gets each run's length and whether it is
+// a hole (not allocated; it reads as zeros); fn returns false to stop.
+type BlockStatuser interface {
+	BlockStatus(ctx context.Context, off, length int64, fn func(n int64, hole bool) bool) error
+}
+
 // Plugger is an optional Backend interface: Plug holds back the requests
 // started from now on until Unplug is called on what it returns, so that
 // requests read from the client in one burst reach the backend's transport

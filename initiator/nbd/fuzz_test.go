@@ -69,6 +69,12 @@ func FuzzServeConn(f *testing.F) {
 	f.Add(new(clientStream).flags(1).option(OptExportName, []byte("a")).request(CmdRead, 0, 1<<20, 512, nil).b)
 	f.Add(new(clientStream).flags(1).option(OptStructuredReply, nil).option(OptGo, []byte{0, 0, 0, 9}).b)
 	f.Add(new(clientStream).flags(1).option(OptGo, goData("a")).request(CmdWrite, 0, 0, 1<<16, nil).b)
+	f.Add(new(clientStream).flags(3).option(OptStructuredReply, nil).
+		option(OptListMetaContext, AppendMetaContextRequest(nil, MetaContextRequest{Name: "a"})).
+		option(OptSetMetaContext, AppendMetaContextRequest(nil, MetaContextRequest{Name: "a", Queries: []string{MetaBaseAllocation}})).
+		option(OptGo, goData("a")).request(CmdWrite, 0, 4096, 4096, bytes.Repeat([]byte{1}, 4096)).
+		request(CmdBlockStatus, 0, 0, 256<<10, nil).request(CmdBlockStatus, CmdFlagReqOne, 4096, 8192, nil).
+		request(CmdRead, 0, 0, 8192, nil).request(CmdRead, 0, 1<<30, 512, nil).request(CmdDisc, 0, 0, 0, nil).b)
 	a, ro := newMem(256<<10), newMem(64<<10)
 	srv := &Server{
 		Exports: []Export{
@@ -84,5 +90,27 @@ func FuzzServeConn(f *testing.F) {
 		}
 		clear(a.data)
 		clear(ro.data)
+	})
+}
+
+// FuzzMetaContextRequest: the decoder of NBD_OPT_*_META_CONTEXT data never
+// panics, fails only with ErrMalformed, and what it accepts re-encodes to
+// the same bytes.
+func FuzzMetaContextRequest(f *testing.F) {
+	f.Add(AppendMetaContextRequest(nil, MetaContextRequest{Name: "a", Queries: []string{MetaBaseAllocation}}))
+	f.Add(AppendMetaContextRequest(nil, MetaContextRequest{}))
+	f.Add(AppendMetaContextRequest(nil, MetaContextRequest{Name: "vol", Queries: []string{"base:", "x-y:z", ""}}))
+	f.Add([]byte{0, 0, 0, 9, 'a'})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r, err := ParseMetaContextRequest(data)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error %v does not wrap ErrMalformed", err)
+			}
+			return
+		}
+		if out := AppendMetaContextRequest(nil, r); !bytes.Equal(out, data) {
+			t.Fatalf("re-encodes differently:\n in % x\nout % x", data, out)
+		}
 	})
 }

@@ -193,10 +193,8 @@ func TestHandshakeUnsupportedOptions(t *testing.T) {
 		id   uint32
 		data []byte
 	}{
-		{OptStructuredReply, nil},
 		{OptStartTLS, nil},
 		{OptExtendedHeaders, nil},
-		{OptSetMetaContext, []byte("\x00\x00\x00\x01a\x00\x00\x00\x00")},
 		{4242, []byte("some data the server must skip")},
 	} {
 		c.option(o.id, o.data)

@@ -16,6 +16,10 @@ type selected struct {
 	flags     uint16
 	blockSize bool   // the client asked for NBD_INFO_BLOCK_SIZE in NBD_OPT_GO
 	via       uint32 // OptGo or OptExportName
+	// structured: structured replies were negotiated; metaAlloc: and the
+	// base:allocation context was selected for this export, so
+	// NBD_CMD_BLOCK_STATUS is answered.
+	structured, metaAlloc bool
 }
 
 // errAborted ends a handshake the client gave up on (NBD_OPT_ABORT, or
@@ -100,6 +104,7 @@ func (c *conn) option(id uint32, data []byte) (sel selected, done bool, err erro
 			return selected{}, true, fmt.Errorf("%w: NBD_OPT_EXPORT_NAME for unknown export %q", ErrProtocol, data)
 		}
 		sel = selected{exp: exp, size: exp.Backend.Size(), flags: exp.transmissionFlags(), via: OptExportName}
+		c.negotiated(&sel)
 		if sel.size < 0 {
 			return selected{}, true, fmt.Errorf("nbd: export %q reports size %d", exp.Name, sel.size)
 		}
@@ -142,11 +147,82 @@ func (c *conn) option(id uint32, data []byte) (sel selected, done bool, err erro
 	case OptInfo, OptGo:
 		return c.info(id, data)
 
+	case OptStructuredReply:
+		if len(data) != 0 {
+			return selected{}, false, c.optError(id, RepErrInvalid, "NBD_OPT_STRUCTURED_REPLY takes no data")
+		}
+		c.structured = true
+		if err := c.optReply(id, RepAck); err != nil {
+			return selected{}, false, err
+		}
+		return selected{}, false, c.flush()
+
+	case OptListMetaContext, OptSetMetaContext:
+		return selected{}, false, c.metaContext(id, data)
+
 	default:
-		// NBD_OPT_STARTTLS, NBD_OPT_STRUCTURED_REPLY, meta contexts,
-		// extended headers and anything unknown: simple replies only.
+		// NBD_OPT_STARTTLS, extended headers and anything unknown.
 		return selected{}, false, c.optError(id, RepErrUnsup, "option %s is not supported by this server", optionName(id))
 	}
+}
+
+// metaContext answers NBD_OPT_LIST_META_CONTEXT and
+// NBD_OPT_SET_META_CONTEXT. The one context offered is base:allocation,
+// for exports whose Backend is a BlockStatuser. A listing matches it with
+// no query, "base:" or its own name; a selection takes it when a query
+// names it exactly, and replaces any earlier selection.
+func (c *conn) metaContext(id uint32, data []byte) error {
+	if !c.structured {
+		return c.optError(id, RepErrInvalid, "%s before NBD_OPT_STRUCTURED_REPLY", optionName(id))
+	}
+	req, err := ParseMetaContextRequest(data)
+	if err != nil {
+		return c.optError(id, RepErrInvalid, "%v", err)
+	}
+	exp, ok := c.cfg.lookup(req.Name)
+	if !ok {
+		return c.optError(id, RepErrUnknown, "no export named %q", req.Name)
+	}
+	_, offered := exp.Backend.(BlockStatuser)
+	match := false
+	for _, q := range req.Queries {
+		switch {
+		case q == MetaBaseAllocation:
+			match = true
+		case q == "base:" && id == OptListMetaContext:
+			match = true
+		}
+	}
+	if id == OptListMetaContext && len(req.Queries) == 0 {
+		match = true
+	}
+	match = match && offered
+	if id == OptSetMetaContext {
+		c.metaExport, c.metaAlloc = req.Name, match
+	}
+	if match {
+		ctxID := uint32(0) // a listing's IDs are reserved, 0
+		if id == OptSetMetaContext {
+			ctxID = metaAllocID
+		}
+		var h [4]byte
+		binary.BigEndian.PutUint32(h[:], ctxID)
+		if err := c.optReply(id, RepMetaContext, h[:], []byte(MetaBaseAllocation)); err != nil {
+			return err
+		}
+	}
+	if err := c.optReply(id, RepAck); err != nil {
+		return err
+	}
+	return c.flush()
+}
+
+// negotiated records in sel what the options negotiated for its export:
+// structured replies, and base:allocation if it was selected for that
+// very export.
+func (c *conn) negotiated(sel *selected) {
+	sel.structured = c.structured
+	sel.metaAlloc = c.structured && c.metaAlloc && c.metaExport == sel.exp.Name
 }
 
 // info answers NBD_OPT_INFO and NBD_OPT_GO.
@@ -161,6 +237,7 @@ func (c *conn) info(id uint32, data []byte) (selected, bool, error) {
 	}
 	sel := selected{exp: exp, size: exp.Backend.Size(), flags: exp.transmissionFlags(), via: id,
 		blockSize: id == OptGo && req.Wants(InfoTypeBlockSize)}
+	c.negotiated(&sel)
 	if sel.size < 0 {
 		return selected{}, false, c.optError(id, RepErrUnknown, "export %q is unavailable", exp.Name)
 	}

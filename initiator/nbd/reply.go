@@ -1,6 +1,7 @@
 package nbd
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net"
 	"sync"
@@ -64,11 +65,55 @@ func (w *replyWriter) init(t *transmission) {
 
 // add queues r's reply.
 func (w *replyWriter) add(r *request) {
-	SimpleReply(r.hdr[:]).Encode(protocol.TransmissionReplyHeader{ReplyMagic: magicSimpleReply, Error: r.errno,
-		Handle: r.cookie})
+	r.encodeReply(w.t.sel.structured)
 	w.mu.Lock()
 	w.queue = append(w.queue, r)
 	w.mu.Unlock()
+}
+
+// encodeReply encodes r's reply header into r.hdr: a simple reply, or
+// with structured replies negotiated for READ and BLOCK_STATUS the one
+// chunk (NBD_REPLY_FLAG_DONE) of their reply: the data at the request's
+// offset, the descriptors of base:allocation, or the error.
+func (r *request) encodeReply(structured bool) {
+	if !structured || (r.typ != CmdRead && r.typ != CmdBlockStatus) {
+		SimpleReply(r.hdr[:]).Encode(protocol.TransmissionReplyHeader{ReplyMagic: magicSimpleReply, Error: r.errno,
+			Handle: r.cookie})
+		r.hdrLen = SimpleReplySize
+		return
+	}
+	h := StructuredReply(r.hdr[:])
+	f := StructuredReplyFields{Flags: ReplyFlagDone, Cookie: r.cookie}
+	p := r.hdr[StructuredReplySize:]
+	switch {
+	case r.errno != 0:
+		// Error, then a message length of 0.
+		f.Type, f.Length = ReplyTypeError, 6
+		binary.BigEndian.PutUint32(p, r.errno)
+		binary.BigEndian.PutUint16(p[4:], 0)
+	case r.typ == CmdRead && r.length == 0:
+		f.Type = ReplyTypeNone
+	case r.typ == CmdRead:
+		f.Type, f.Length = ReplyTypeOffsetData, 8+r.length
+		binary.BigEndian.PutUint64(p, r.off)
+	default:
+		f.Type, f.Length = ReplyTypeBlockStatus, 4+uint32(len(r.ext))
+		binary.BigEndian.PutUint32(p, metaAllocID)
+	}
+	h.Encode(f)
+	r.hdrLen = StructuredReplySize + int(f.Length) - payloadAfterHeader(r)
+}
+
+// payloadAfterHeader is the part of a structured chunk's payload that
+// follows r.hdr: the data of a READ, the descriptors of a BLOCK_STATUS.
+func payloadAfterHeader(r *request) int {
+	switch {
+	case r.errno != 0:
+		return 0
+	case r.typ == CmdRead:
+		return int(r.length)
+	}
+	return len(r.ext)
 }
 
 // Flush writes the queued replies unless a write is under way (it then
@@ -106,9 +151,13 @@ func (w *replyWriter) take() bool {
 		if w.err != nil {
 			continue
 		}
-		w.bufs = append(w.bufs, r.hdr[:])
-		if r.typ == CmdRead && r.errno == 0 && r.buf != nil {
+		w.bufs = append(w.bufs, r.hdr[:r.hdrLen])
+		switch {
+		case r.errno != 0:
+		case r.typ == CmdRead && r.buf != nil:
 			w.bufs = append(w.bufs, *r.buf)
+		case r.typ == CmdBlockStatus:
+			w.bufs = append(w.bufs, r.ext)
 		}
 	}
 	return true

@@ -111,7 +111,7 @@ func TestNbdinfoJSON(t *testing.T) {
 	}
 
 	in := get(nbdURI(s, "vol"))
-	if in.Protocol != "newstyle-fixed" || in.Structured || len(in.Exports) != 1 {
+	if in.Protocol != "newstyle-fixed" || !in.Structured || len(in.Exports) != 1 {
 		t.Fatalf("protocol %q structured %v exports %d", in.Protocol, in.Structured, len(in.Exports))
 	}
 	want := export{Name: "vol", Description: "a test volume", Size: 64 << 20, Flush: true, FUA: true, Trim: true, Zero: true,

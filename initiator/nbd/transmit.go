@@ -21,7 +21,12 @@ type request struct {
 	buf        *[]byte // WRITE payload or READ data; nil otherwise
 	reserved   int64   // bytes held in the payload budget
 	errno      uint32
-	hdr        [SimpleReplySize]byte // the reply header, encoded when queued
+	// ext is a BLOCK_STATUS reply's descriptors (encoded; kept for reuse).
+	ext []byte
+	// hdr[:hdrLen] is the reply header (simple, or a structured chunk's
+	// header and fixed payload), encoded when queued.
+	hdr    [StructuredReplySize + 8]byte
+	hdrLen int
 }
 
 // Complete ends r with the backend's outcome and queues its reply; the
@@ -127,7 +132,7 @@ func (t *transmission) reader() error {
 		}
 		r := t.newRequest()
 		r.typ, r.flags, r.cookie, r.off, r.length, r.errno = typ, h.Flags(), h.Cookie(), h.Offset(), h.Length(), 0
-		r.errno = check(exp, t.sel.size, r)
+		r.errno = check(t.sel, r)
 
 		if r.typ == CmdWrite {
 			if r.length > max(exp.MaxBlock, interopPayload) {

@@ -165,7 +165,7 @@ func FuzzRequest(f *testing.F) {
 		// check never panics and answers only defined values.
 		exp := Export{Backend: newMem(0)}.withDefaults()
 		req := &request{typ: f.Type, flags: f.CommandFlags, cookie: f.Handle, off: f.Offset, length: f.Length}
-		switch e := check(exp, 1<<20, req); e {
+		switch e := check(selected{exp: exp, size: 1 << 20, structured: true, metaAlloc: f.Offset%2 == 0}, req); e {
 		case 0, EINVAL, ENOSPC, EPERM:
 		default:
 			t.Fatalf("check returned %d", e)

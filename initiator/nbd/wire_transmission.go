@@ -83,3 +83,39 @@ func (b SimpleReply) Encode(f protocol.TransmissionReplyHeader) {
 	b.SetError(f.Error)
 	b.SetCookie(f.Handle)
 }
+
+// StructuredReplySize is the length of a structured reply chunk header.
+const StructuredReplySize = 20
+
+// StructuredReply is a view of a structured reply chunk header; Length
+// bytes of payload follow:
+//
+//	0  magic   u32 (0x668e33ef)
+//	4  flags   u16 (NBD_REPLY_FLAG_DONE: the reply's last chunk)
+//	6  type    u16 (NBD_REPLY_TYPE_*)
+//	8  cookie  u64
+//	16 length  u32
+type StructuredReply []byte
+
+func (b StructuredReply) Magic() uint32  { return binary.BigEndian.Uint32(b[0:]) }
+func (b StructuredReply) Flags() uint16  { return binary.BigEndian.Uint16(b[4:]) }
+func (b StructuredReply) Type() uint16   { return binary.BigEndian.Uint16(b[6:]) }
+func (b StructuredReply) Cookie() uint64 { return binary.BigEndian.Uint64(b[8:]) }
+func (b StructuredReply) Length() uint32 { return binary.BigEndian.Uint32(b[16:]) }
+
+// StructuredReplyFields are a chunk header's fields (go-nbd v0.3.2 has no
+// structured replies).
+type StructuredReplyFields struct {
+	Flags, Type uint16
+	Cookie      uint64
+	Length      uint32
+}
+
+// Encode writes f into b, with the structured reply magic.
+func (b StructuredReply) Encode(f StructuredReplyFields) {
+	binary.BigEndian.PutUint32(b[0:], magicStructuredReply)
+	binary.BigEndian.PutUint16(b[4:], f.Flags)
+	binary.BigEndian.PutUint16(b[6:], f.Type)
+	binary.BigEndian.PutUint64(b[8:], f.Cookie)
+	binary.BigEndian.PutUint32(b[16:], f.Length)
+}

@@ -333,7 +333,14 @@
 // before them: after the end every earlier token is stale, so writes
 // replayed from the ended session (or delayed in it) cannot land after a
 // new holder took the lock. A holder whose token went stale because some
-// other session ended draws a new one.
+// other session ended draws a new one. The counter starts above every
+// token an earlier incarnation issued: at the wall clock in nanoseconds,
+// or, for a volume several targets serve in turn (gateways in front of a
+// shared store such as Ceph RBD), at the fencing epoch the target raised
+// when it took the volume over, shifted left by 40 bits; a token drawn at
+// the previous gateway is then below the floor, whatever the clocks say.
+// Locks and reservations do not move with the volume to another target:
+// the new one starts with an empty table.
 //
 // The table is shared by every session of the volume: the locks are
 // cooperative among authenticated initiators. What the target enforces is

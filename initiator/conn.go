@@ -92,7 +92,10 @@ func (s *session) newConn(credits, inline int) (*conn, error) {
 		QP: rnic.QPConfig{SQDepth: 6*credits + 2*numAtoms + 8, IRD: 1, ORD: c.cfg.ORD, InboundWrite: true,
 			Privileged: true},
 		Receives: credits + 2, RecvSize: rxSize,
-		SendAreas: 2*credits + loginAreas, SendSize: areaSize})
+		SendAreas: 2*credits + loginAreas, SendSize: areaSize,
+		// The handler completes requests and flushes their replies
+		// without waiting: it runs where the answers arrive.
+		Direct: true})
 	if err != nil {
 		return nil, fmt.Errorf("initiator: %w", err)
 	}

@@ -194,7 +194,7 @@ func newConn(qp *QP, s Stream) *conn {
 			c.raw = raw
 		}
 	}
-	c.rd = mpa.NewReader(s.Conn, mpa.ReaderConfig{CRC: s.CRC, Markers: s.RxMarkers, MaxULPDU: maxULPDU, BufSize: rxBufSize})
+	c.rd = mpa.NewReader(rxSource{c}, mpa.ReaderConfig{CRC: s.CRC, Markers: s.RxMarkers, MaxULPDU: maxULPDU, BufSize: rxBufSize})
 	if s.Initiator && s.RTR == RTRNone {
 		c.openGate()
 	}
@@ -214,6 +214,15 @@ func addrString(a net.Addr) string {
 		return ""
 	}
 	return a.String()
+}
+
+// rxSource is what the receiver reads the stream from: the connection,
+// with the end of a batch marked before each read (rxState.batchEnd).
+type rxSource struct{ c *conn }
+
+func (s rxSource) Read(p []byte) (int, error) {
+	s.c.rx.batchEnd()
+	return s.c.nc.Read(p)
 }
 
 // kick wakes the transmitter.
@@ -350,6 +359,7 @@ const (
 func (c *conn) rxMain() {
 	defer close(c.rxDone)
 	end, err := c.rx.run()
+	c.rx.batchEnd() // what the last batch completed
 	c.endOfStream(end, err)
 }
 

@@ -30,6 +30,8 @@ type CQ struct {
 	ch         chan struct{}
 	// headA and tailA mirror head and tail for lock-free emptiness checks.
 	headA, tailA atomic.Uint32
+	// direct is the direct handler (SetDirectHandler), or nil.
+	direct func() bool
 }
 
 type notifyKind uint8
@@ -234,11 +236,13 @@ func (cq *CQ) use(delta int) error {
 // stored (nothing is ever overwritten) and a CQ Overflow event is raised,
 // once per overflow: the next one is reported after the consumer has polled
 // (draft §5.3.1 leaves the semantics to the RI; each is detected).
-func (cq *CQ) push(wc WC) bool { return cq.pushHeld(wc, nil) }
+func (cq *CQ) push(wc WC) bool { return cq.pushHeld(wc, nil, nil) }
 
 // pushHeld is push for the completion of an S-RQ WQE taken by qp: the WQE
-// counts as in progress on qp until the completion is polled.
-func (cq *CQ) pushHeld(wc WC, qp *QP) bool {
+// counts as in progress on qp until the completion is polled. rx is the
+// receiver of the stream pushing it, nil for anything else: a CQ with a
+// direct handler then defers its notification to the end of rx's batch.
+func (cq *CQ) pushHeld(wc WC, qp *QP, rx *rxState) bool {
 	cq.mu.Lock()
 	if cq.dead {
 		cq.mu.Unlock()
@@ -264,6 +268,11 @@ func (cq *CQ) pushHeld(wc WC, qp *QP) bool {
 	cq.tail++
 	cq.tailA.Store(cq.tail)
 	fire := cq.armed == notifyNext || (cq.armed == notifySolicited && (wc.Solicited || wc.Status != StatusSuccess))
+	if rx != nil && cq.direct != nil {
+		cq.mu.Unlock()
+		rx.deferTo(cq) // the direct handler takes it at the batch's end
+		return true
+	}
 	var h HandlerID
 	if fire {
 		cq.armed = notifyNone
@@ -271,15 +280,61 @@ func (cq *CQ) pushHeld(wc WC, qp *QP) bool {
 	}
 	cq.mu.Unlock()
 	if fire {
-		select {
-		case cq.ch <- struct{}{}:
-		default:
-		}
-		if h != 0 {
-			if fn := cq.dev.handler(h); fn != nil {
-				cq.dev.disp.post(func() { fn(cq) })
-			}
-		}
+		cq.fire(h)
 	}
 	return true
+}
+
+// fire signals C() and calls the CQ's completion handler (not the direct
+// one) through the dispatcher.
+func (cq *CQ) fire(h HandlerID) {
+	select {
+	case cq.ch <- struct{}{}:
+	default:
+	}
+	if h != 0 {
+		if fn := cq.dev.handler(h); fn != nil {
+			cq.dev.disp.post(func() { fn(cq) })
+		}
+	}
+}
+
+// SetDirectHandler is an extension of the verbs for run-to-completion
+// consumers: the receive goroutine of a stream whose QP queues completions
+// on cq calls fn itself, once it is done with what it has read from the
+// connection and before it reads again, instead of firing the CQ's
+// notification for them. Completions queued otherwise (by the transmitter,
+// by a flush) notify as usual. fn returns false if it could not take the
+// completions now (another goroutine is polling); the notification then
+// fires as it would have. fn runs on the engine: it may poll the CQ and
+// post work requests (they go out without a hand-off), but it must not
+// block for long, and must not wait for a QP's state or destroy one (a
+// Modify to Error waits for the receive goroutine that is running fn).
+// nil restores the notification.
+func (cq *CQ) SetDirectHandler(fn func() bool) {
+	cq.mu.Lock()
+	cq.direct = fn
+	cq.mu.Unlock()
+}
+
+// runDirect calls the direct handler at the end of a receive batch, or
+// fires the notification the batch's completions deferred.
+func (cq *CQ) runDirect() {
+	cq.mu.Lock()
+	fn := cq.direct
+	cq.mu.Unlock()
+	if fn != nil && fn() {
+		return
+	}
+	cq.mu.Lock()
+	fire := cq.armed != notifyNone && cq.tail != cq.head
+	var h HandlerID
+	if fire {
+		cq.armed = notifyNone
+		h = cq.handler
+	}
+	cq.mu.Unlock()
+	if fire {
+		cq.fire(h)
+	}
 }

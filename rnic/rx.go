@@ -40,6 +40,38 @@ type rxState struct {
 	// ordFinished counts the outstanding Reads and atomics finished so far (mod
 	// 2^32): the MSN on QN 1 of the oldest still outstanding is ordFinished+1.
 	ordFinished uint32
+	// direct lists the CQs with a direct handler that this batch queued
+	// completions on (see CQ.SetDirectHandler).
+	direct  [2]*CQ
+	ndirect int
+}
+
+// deferTo notes that the batch queued a completion on cq, whose direct
+// handler runs at the batch's end.
+func (r *rxState) deferTo(cq *CQ) {
+	for i := 0; i < r.ndirect; i++ {
+		if r.direct[i] == cq {
+			return
+		}
+	}
+	if r.ndirect == len(r.direct) { // cannot happen: a QP has two CQs
+		cq.runDirect()
+		return
+	}
+	r.direct[r.ndirect] = cq
+	r.ndirect++
+}
+
+// batchEnd runs when the receiver is done with what it has read and is
+// about to read the stream again (maybe waiting): the direct handlers of
+// the CQs its completions went to take them now.
+func (r *rxState) batchEnd() {
+	for i := 0; i < r.ndirect; i++ {
+		cq := r.direct[i]
+		r.direct[i] = nil
+		cq.runDirect()
+	}
+	r.ndirect = 0
 }
 
 // rxAction is a segment's deferred effect, applied once its CRC verified.
@@ -128,15 +160,21 @@ func (r *rxState) flushInProgress() {
 	if r.qp.rq != nil {
 		r.qp.rq.done()
 	}
-	r.pushRecv(WC{ID: r.recv.id, Op: WRRecv, Status: StatusFlushed, QPID: r.qp.id})
+	r.pushRecv(WC{ID: r.recv.id, Op: WRRecv, Status: StatusFlushed, QPID: r.qp.id}, false)
 }
 
-// pushRecv queues the completion of the receive WQE in progress.
-func (r *rxState) pushRecv(wc WC) bool {
+// pushRecv queues the completion of the receive WQE in progress; inBatch:
+// the receive loop is running (its batch's end delivers it).
+func (r *rxState) pushRecv(wc WC, inBatch bool) bool {
+	var held *QP
 	if r.qp.cfg.SRQ != nil {
-		return r.qp.cfg.RecvCQ.pushHeld(wc, r.qp)
+		held = r.qp
 	}
-	return r.qp.cfg.RecvCQ.push(wc)
+	rx := r
+	if !inBatch {
+		rx = nil
+	}
+	return r.qp.cfg.RecvCQ.pushHeld(wc, held, rx)
 }
 
 // run is the receive loop.
@@ -706,7 +744,7 @@ func (r *rxState) completeRecv(st Status, bytes uint32) bool {
 	if qp.rq != nil {
 		qp.rq.done()
 	}
-	return r.pushRecv(wc)
+	return r.pushRecv(wc, true)
 }
 
 // apply performs a verified segment's deferred effects. It reports true when
@@ -765,7 +803,7 @@ func (r *rxState) apply() (rxEnd, bool) {
 					st = f.status
 				}
 			}
-			ok = q.completeLocked(qp, done.idx, st)
+			ok = q.completeLocked(qp, done.idx, st, r)
 		}
 		return r.ordDone(st, ok)
 	case actAtomicResp:
@@ -774,7 +812,7 @@ func (r *rxState) apply() (rxEnd, bool) {
 		done := q.ord[0]
 		q.popORD()
 		st := r.writeResult(q.at(done.idx).wr.Local, a.orig)
-		return r.ordDone(st, q.completeLocked(qp, done.idx, st))
+		return r.ordDone(st, q.completeLocked(qp, done.idx, st, r))
 	case actPushResp:
 		c.respMu.Lock()
 		c.resp = append(c.resp, a.job)
@@ -852,7 +890,7 @@ func (r *rxState) terminateReceived(f rdmap.TerminateFields) {
 	q.mu.Lock()
 	if k := r.concerned(&f); k >= 0 && q.ord[k].wqe {
 		// Its ORD entry stays: the stream ends now and the flush clears it.
-		q.completeLocked(qp, q.ord[k].idx, StatusRemoteTermination)
+		q.completeLocked(qp, q.ord[k].idx, StatusRemoteTermination, nil)
 	}
 	q.mu.Unlock()
 	c.log.Info("Terminate received", "cause", f.Cause.String())

@@ -102,15 +102,16 @@ func (q *sendQueue) post(wrs []SendWR, check func(*SendWR) error) (int, error) {
 
 // completeLocked marks the WQE at idx finished with st and emits every
 // completion now due, in order. It reports false if the CQ overflowed.
-// q.mu is held.
-func (q *sendQueue) completeLocked(qp *QP, idx uint32, st Status) bool {
+// q.mu is held. rx is the stream's receiver when it is the one completing
+// (see CQ.pushHeld), else nil.
+func (q *sendQueue) completeLocked(qp *QP, idx uint32, st Status, rx *rxState) bool {
 	e := q.at(idx)
 	e.state = sqDone
 	e.status = st
-	return q.emitLocked(qp)
+	return q.emitLocked(qp, rx)
 }
 
-func (q *sendQueue) emitLocked(qp *QP) bool {
+func (q *sendQueue) emitLocked(qp *QP, rx *rxState) bool {
 	ok := true
 	for q.head != q.next {
 		e := q.at(q.head)
@@ -119,7 +120,7 @@ func (q *sendQueue) emitLocked(qp *QP) bool {
 		}
 		if !e.wr.Unsignaled || e.status != StatusSuccess {
 			wc := WC{ID: e.wr.ID, Op: e.wr.Op, Status: e.status, QPID: qp.id}
-			if !qp.cfg.SendCQ.push(wc) {
+			if !qp.cfg.SendCQ.pushHeld(wc, nil, rx) {
 				ok = false
 			}
 		}
@@ -140,7 +141,7 @@ func (q *sendQueue) flushLocked(qp *QP) {
 	}
 	q.next = q.tail
 	q.ord = q.ord[:0]
-	q.emitLocked(qp)
+	q.emitLocked(qp, nil)
 }
 
 // outstandingReads counts outstanding Read and Atomic requests.

@@ -286,7 +286,7 @@ func (t *txState) completePending() bool {
 	ok := true
 	q.mu.Lock()
 	for _, idx := range t.pending {
-		if !q.completeLocked(t.qp, idx, StatusSuccess) {
+		if !q.completeLocked(t.qp, idx, StatusSuccess, nil) {
 			ok = false
 		}
 	}
@@ -370,7 +370,7 @@ func (t *txState) sendTerminate() {
 func (t *txState) localError(idx uint32, st Status) {
 	q := t.qp.sq
 	q.mu.Lock()
-	q.completeLocked(t.qp, idx, st)
+	q.completeLocked(t.qp, idx, st, nil)
 	q.mu.Unlock()
 	t.c.fail(localCatastrophic, 0, nil)
 }
@@ -450,7 +450,7 @@ func (t *txState) localOp(idx uint32, st Status) {
 	}
 	q := t.qp.sq
 	q.mu.Lock()
-	ok := q.completeLocked(t.qp, idx, StatusSuccess)
+	ok := q.completeLocked(t.qp, idx, StatusSuccess, nil)
 	q.mu.Unlock()
 	if !ok {
 		t.cqOverflow(EventCQSQError)

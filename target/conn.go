@@ -65,7 +65,10 @@ func (t *Target) newConn() (*conn, error) {
 		QP: rnic.QPConfig{SQDepth: 4*cfg.MaxCredits + 8, IRD: cfg.IRD, ORD: 1, InboundRead: true, InboundWrite: true,
 			InboundAtomic: true, Privileged: true},
 		Receives: rq, RecvSize: blockproto.MaxMessage, Posted: 2,
-		SendAreas: cfg.MaxCredits + 2, SendSize: blockproto.MaxMessage})
+		SendAreas: cfg.MaxCredits + 2, SendSize: blockproto.MaxMessage,
+		// The handler runs in-memory work itself and hands the rest
+		// to the slots' workers: it never blocks.
+		Direct: true})
 	if err != nil {
 		return nil, fmt.Errorf("target: %w", err)
 	}

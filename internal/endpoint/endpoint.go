@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 
@@ -52,6 +53,14 @@ type Config struct {
 	SendAreas, SendSize int
 	// CQEntries sizes the CQ; 0: RQDepth + SQDepth + 8.
 	CQEntries int
+	// Direct runs the handler to completion where the completions arise:
+	// on the engine's receive goroutine, at the end of each batch it read
+	// from the connection (rnic.CQ.SetDirectHandler), with no hand-off to
+	// the loop's goroutine; only the completions the engine queues
+	// otherwise (send completions, flushes) go through the loop. The
+	// handler must then never block for long: no store I/O, no waiting for
+	// other completions or for the QP's state.
+	Direct bool
 }
 
 // Endpoint is one QP with its buffers and its completion loop.
@@ -79,6 +88,14 @@ type Endpoint struct {
 	cancel  context.CancelFunc
 	loop    sync.WaitGroup
 	started bool
+	direct  bool
+
+	// hmu serializes the handler: the loop and the direct handler each
+	// poll and handle under it, so completions are handled in CQ order.
+	hmu     sync.Mutex
+	handler Handler
+	done    bool // the handler returned false (hmu held)
+	wcs     [64]rnic.WC
 
 	closeOnce sync.Once
 }
@@ -89,7 +106,7 @@ func New(cfg Config) (*Endpoint, error) {
 	if cfg.Device == nil || cfg.Receives <= 0 || cfg.RecvSize <= 0 || cfg.QP.SQDepth <= 0 {
 		return nil, errors.New("endpoint: Config needs Device, Receives, RecvSize and QP.SQDepth")
 	}
-	e := &Endpoint{PD: cfg.PD, recvSize: cfg.RecvSize, sendSize: cfg.SendSize}
+	e := &Endpoint{PD: cfg.PD, recvSize: cfg.RecvSize, sendSize: cfg.SendSize, direct: cfg.Direct}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	var err error
 	if e.PD == nil {
@@ -248,8 +265,9 @@ func (e *Endpoint) Context() context.Context { return e.ctx }
 // (the QP is plugged around it).
 type Handler func(wcs []rnic.WC) bool
 
-// Start runs the completion loop in a goroutine of its own until the
-// handler returns false or Close (or Kill) stops it.
+// Start runs the completion loop in a goroutine of its own (and, with
+// Config.Direct, the direct handler) until the handler returns false or
+// Close (or Kill) stops it.
 func (e *Endpoint) Start(h Handler) {
 	e.mu.Lock()
 	if e.started {
@@ -257,34 +275,95 @@ func (e *Endpoint) Start(h Handler) {
 		panic("endpoint: Start called twice")
 	}
 	e.started = true
+	e.handler = h
 	e.loop.Add(1)
 	e.mu.Unlock()
-	go e.run(h)
+	if e.direct {
+		e.CQ.SetDirectHandler(e.runDirect)
+	}
+	go e.run()
 }
 
-func (e *Endpoint) run(h Handler) {
+func (e *Endpoint) run() {
 	defer e.loop.Done()
-	var wcs [64]rnic.WC
 	for {
-		n, err := e.CQ.Wait(e.ctx, wcs[:])
-		if err != nil {
+		if !e.drain() {
 			return
 		}
-		e.QP.Plug()
-		ok := h(wcs[:n])
-		e.QP.Unplug()
-		if !ok {
+		// Yield a few times before parking: a completion that lands
+		// meanwhile costs no wake-up.
+		for i := 0; i < spinYields && !e.pending(); i++ {
+			runtime.Gosched()
+		}
+		if e.pending() {
+			continue
+		}
+		if err := e.CQ.RequestNotify(false); err != nil {
+			return
+		}
+		if e.pending() {
+			continue
+		}
+		select {
+		case <-e.CQ.C():
+		case <-e.ctx.Done():
 			return
 		}
 	}
 }
 
-// Reset resets the connection if it is up, without waiting: the engine
-// then flushes the work requests, and the loop hands their completions
-// to the handler, which sees the end that way.
+// spinYields is how many times the loop yields before it parks.
+const spinYields = 16
+
+func (e *Endpoint) pending() bool { return e.CQ.Len() > 0 }
+
+// runDirect is the CQ's direct handler: it handles what is queued unless
+// the loop is at it (then the engine notifies the loop).
+func (e *Endpoint) runDirect() bool {
+	if !e.hmu.TryLock() {
+		return false
+	}
+	e.handleLocked()
+	e.hmu.Unlock()
+	return true
+}
+
+// drain handles what is queued (behind a direct handler running now);
+// false once the handler has returned false.
+func (e *Endpoint) drain() bool {
+	e.hmu.Lock()
+	defer e.hmu.Unlock()
+	return e.handleLocked()
+}
+
+// handleLocked polls and handles until the CQ is empty (hmu held). When
+// the handler returns false, the endpoint stops: the loop ends and later
+// completions are left in the CQ.
+func (e *Endpoint) handleLocked() bool {
+	for !e.done {
+		n := e.CQ.Poll(e.wcs[:])
+		if n == 0 {
+			return true
+		}
+		e.QP.Plug()
+		ok := e.handler(e.wcs[:n])
+		e.QP.Unplug()
+		if !ok {
+			e.done = true
+			e.cancel()
+		}
+	}
+	return false
+}
+
+// Reset resets the connection if it is up, without waiting (the reset
+// itself runs in a goroutine of its own, so that a handler running on the
+// engine's receive goroutine may call it): the engine then flushes the
+// work requests, and the loop hands their completions to the handler,
+// which sees the end that way.
 func (e *Endpoint) Reset() {
 	if e.QP.State() == rnic.StateRTS {
-		e.QP.Modify(rnic.StateError, rnic.ModifyAttrs{})
+		go e.QP.Modify(rnic.StateError, rnic.ModifyAttrs{})
 	}
 }
 
@@ -334,6 +413,7 @@ func (e *Endpoint) Close(release func()) error {
 	var err error
 	e.closeOnce.Do(func() {
 		e.Stopped()
+		e.CQ.SetDirectHandler(nil)
 		e.cancel()
 		e.loop.Wait()
 		if release != nil {

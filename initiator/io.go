@@ -71,6 +71,11 @@ func (c *Client) WriteAtToken(ctx context.Context, p []byte, off int64, fua bool
 	})
 }
 
+// Unflushed reports whether writes the target acknowledged are not yet
+// covered by a successful Flush (or a target shutdown that synced them):
+// only then does a Flush have anything to make durable.
+func (c *Client) Unflushed() bool { return c.unflushed.Load() != 0 }
+
 // Flush makes every write that completed before Flush was called durable.
 // It waits for the writes in flight when it is called, so after a
 // reconnect it covers the writes replayed on the new session. It returns

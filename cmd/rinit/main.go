@@ -54,7 +54,7 @@ func sessionFlags() []cli.Flag {
 			EnvVars: []string{"RINIT_NAME"}},
 		&cli.IntFlag{Name: "qps", Value: 2, Usage: "RNIC queue pairs per session", EnvVars: []string{"RINIT_QPS"}},
 		&cli.IntFlag{Name: "queue-depth", Value: 32, Usage: "commands in flight per queue pair", EnvVars: []string{"RINIT_QUEUE_DEPTH"}},
-		&cli.DurationFlag{Name: "timeout", Value: 15 * time.Second, Usage: "connect and login timeout", EnvVars: []string{"RINIT_TIMEOUT"}},
+		&cli.DurationFlag{Name: "timeout", Value: 15 * time.Second, Usage: "connect and login timeout; also how long the flush at exit waits for a target that is gone (a second SIGINT or SIGTERM gives up at once)", EnvVars: []string{"RINIT_TIMEOUT"}},
 		&cli.DurationFlag{Name: "heartbeat", Value: 2 * time.Second, Usage: "interval of the liveness probe of the target " +
 			"(an RDMA atomic its RNIC answers without touching the store); 0 disables it", EnvVars: []string{"RINIT_HEARTBEAT"}},
 		&cli.DurationFlag{Name: "heartbeat-timeout", Value: 15 * time.Second, Usage: "a target that answers no probe for this " +

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -152,24 +153,72 @@ func runNBD(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
+	ctx, sigs, stop := stopOnSignal(c.Context)
 	defer stop()
 	srv := &nbd.Server{Exports: []nbd.Export{export(c, cl)}, Logger: log}
 	log.Info("serving NBD", "listen", ln.Addr().String(), "volume", c.String("volume"), "size", cl.Size(), "target", c.String("target"))
 	serr := srv.Serve(ctx, ln)
 	// Whatever the NBD side did, make acknowledged writes durable.
-	fctx, cancel := context.WithTimeout(context.Background(), c.Duration("timeout"))
-	ferr := cl.Flush(fctx)
-	cancel()
+	ferr := finalFlush(c, log, cl, sigs)
 	cerr := cl.Close()
 	if serr != nil && !errors.Is(serr, context.Canceled) && ctx.Err() == nil {
 		return fmt.Errorf("nbd: %w", serr)
 	}
 	if ferr != nil {
-		return fmt.Errorf("final flush: %w", ferr)
+		return ferr
 	}
-	log.Info("stopped", "flushed", true)
 	return cerr
+}
+
+// stopOnSignal returns a context that the first SIGINT or SIGTERM ends;
+// later ones arrive on sigs.
+func stopOnSignal(parent context.Context) (context.Context, <-chan os.Signal, func()) {
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(parent)
+	go func() {
+		select {
+		case <-sigs:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, sigs, func() {
+		signal.Stop(sigs)
+		cancel()
+	}
+}
+
+// finalFlush makes the writes the target acknowledged durable before rinit
+// exits. With none unflushed it returns at once, whether or not the target
+// is reachable. Otherwise it waits for the target (the session reconnects
+// if it was lost) up to --timeout, and another SIGINT or SIGTERM on sigs
+// gives up at once; the error then says which writes may not be durable.
+func finalFlush(c *cli.Context, log *slog.Logger, cl *initiator.Client, sigs <-chan os.Signal) error {
+	if !cl.Unflushed() {
+		log.Info("stopped: every acknowledged write was already flushed")
+		return nil
+	}
+	timeout := c.Duration("timeout")
+	log.Info("flushing the writes the target acknowledged since the last flush (SIGINT or SIGTERM again to exit without)",
+		"target", c.String("target"), "timeout", timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-sigs:
+			log.Warn("signal during the final flush: giving it up")
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if err := cl.Flush(ctx); err != nil {
+		return fmt.Errorf("final flush failed: writes the target %s acknowledged on volume %s since the last flush "+
+			"may not be durable (the target keeps them only if it flushes or shuts down cleanly): %w",
+			c.String("target"), c.String("volume"), err)
+	}
+	log.Info("stopped: acknowledged writes flushed")
+	return nil
 }
 
 func attachCommand() *cli.Command {
@@ -267,7 +316,7 @@ func runAttach(c *cli.Context) error {
 			return fmt.Errorf("%s: %s: %w", dev, s.name, err)
 		}
 	}
-	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
+	ctx, sigs, stop := stopOnSignal(c.Context)
 	defer stop()
 	srv := &nbd.Server{Exports: []nbd.Export{exp}, Logger: log}
 	srvCtx, cancelSrv := context.WithCancel(context.Background())
@@ -304,10 +353,8 @@ func runAttach(c *cli.Context) error {
 	if err := <-served; err != nil {
 		log.Warn("nbd transmission ended", "err", err)
 	}
-	fctx, cancel := context.WithTimeout(context.Background(), c.Duration("timeout"))
-	defer cancel()
-	if err := cl.Flush(fctx); err != nil {
-		return fmt.Errorf("final flush: %w", err)
+	if err := finalFlush(c, log, cl, sigs); err != nil {
+		return err
 	}
 	if doErr != nil && ctx.Err() == nil {
 		return fmt.Errorf("%s: NBD_DO_IT: %w", dev, doErr)

@@ -125,7 +125,14 @@ func ParseResponse(b []byte) (Response, error) {
 	if !m.Status().Known() {
 		return nil, errorf(ErrField, "%s with unknown status %d", op, uint16(m.Status()))
 	}
-	if err := m.Grant().check(op.String() + " grant"); err != nil {
+	what := "RESPONSE grant" // a constant: decoding allocates nothing
+	switch op {
+	case OpReject:
+		what = "REJECT grant"
+	case OpGoodbye:
+		what = "GOODBYE grant"
+	}
+	if err := m.Grant().check(what); err != nil {
 		return nil, err
 	}
 	if !validText(m.Detail()) {

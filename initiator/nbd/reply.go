@@ -34,7 +34,8 @@ type replyWriter struct {
 
 	// Of the batch being written (by one writer at a time).
 	batch []*request
-	bufs  net.Buffers
+	bufs  net.Buffers // what is left to write of the batch
+	arr   net.Buffers // bufs' array (writing consumes bufs from the front)
 	iov   []syscall.Iovec
 	wn    uintptr
 	werrn syscall.Errno
@@ -146,7 +147,7 @@ func (w *replyWriter) take() bool {
 		return false
 	}
 	w.batch, w.queue, w.spare = w.queue, w.spare[:0], nil
-	w.bufs = w.bufs[:0]
+	w.bufs = w.arr[:0]
 	for _, r := range w.batch {
 		if w.err != nil {
 			continue
@@ -160,6 +161,7 @@ func (w *replyWriter) take() bool {
 			w.bufs = append(w.bufs, r.ext)
 		}
 	}
+	w.arr = w.bufs[:0]
 	return true
 }
 

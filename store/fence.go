@@ -18,6 +18,10 @@ type Fencer interface {
 	// FencingEpoch is the epoch this handle raised when it took the
 	// volume over: larger than that of every earlier holder.
 	FencingEpoch() uint64
+	// Fenced is closed when the handle finds, by itself, that another
+	// target took the volume over (before any operation failed with
+	// ErrFenced, or without one).
+	Fenced() <-chan struct{}
 	// DurableID identifies the store the volume lives in, the same for
 	// every target serving it and across their restarts: a write such a
 	// store acknowledged is durable there (no volatile cache in the
@@ -31,6 +35,7 @@ type Fencer interface {
 type devFencer interface {
 	fencingEpoch() uint64
 	durableID() uint64
+	fenced() <-chan struct{}
 }
 
 // fencedVolume is the handle of a volume whose device is a devFencer.
@@ -38,8 +43,9 @@ type fencedVolume struct{ *volume }
 
 var _ Fencer = fencedVolume{}
 
-func (v fencedVolume) FencingEpoch() uint64 { return v.dev.(devFencer).fencingEpoch() }
-func (v fencedVolume) DurableID() uint64    { return v.dev.(devFencer).durableID() }
+func (v fencedVolume) FencingEpoch() uint64    { return v.dev.(devFencer).fencingEpoch() }
+func (v fencedVolume) DurableID() uint64       { return v.dev.(devFencer).durableID() }
+func (v fencedVolume) Fenced() <-chan struct{} { return v.dev.(devFencer).fenced() }
 
 // exported is the Volume a Store hands out for handle v: a Fencer when
 // its device is one, so callers find the ability by type assertion.

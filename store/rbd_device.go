@@ -38,6 +38,13 @@ type rbdHead struct {
 	// lock), so librbd knows the new size; size follows within a second.
 	sizeAt atomic.Int64
 
+	// fenced is closed once the head finds it lost the volume (see
+	// watchLock); stop ends watchLock.
+	fenced    chan struct{}
+	fenceOnce sync.Once
+	stop      chan struct{}
+	stopOnce  sync.Once
+
 	// A request within one RADOS object is atomic by itself (RADOS applies
 	// an operation on one object atomically and in order); one spanning
 	// several takes these, exclusively to write, shared to read, so that a
@@ -90,7 +97,7 @@ func (b *rbdBackend) takeOver(ctx context.Context, name string) (*rbdHead, error
 	if err != nil {
 		return nil, err
 	}
-	h := &rbdHead{b: b, name: name, conn: conn}
+	h := &rbdHead{b: b, name: name, conn: conn, fenced: make(chan struct{}), stop: make(chan struct{})}
 	if h.pool, err = conn.OpenPool(b.spec, false); err != nil {
 		h.close()
 		return nil, rbdErr(err)
@@ -134,11 +141,13 @@ func (b *rbdBackend) takeOver(ctx context.Context, name string) (*rbdHead, error
 	fmt.Fprintf(f, "%s/%s/%s", b.fsid, b.spec, imgID)
 	h.durable = f.Sum64() | 1
 	b.log.Info("serving volume", "volume", name, "pool", b.spec, "fencing_epoch", h.epoch)
+	go h.watchLock()
 	return h, nil
 }
 
 // close releases everything the head holds (the lock with the image).
 func (h *rbdHead) close() error {
+	h.stopOnce.Do(func() { close(h.stop) })
 	var err error
 	if h.img != nil {
 		err = h.img.Close()
@@ -148,6 +157,47 @@ func (h *rbdHead) close() error {
 	}
 	h.conn.Close()
 	return err
+}
+
+// lockCheckInterval is how often a head asks the cluster who owns its
+// image's lock.
+const lockCheckInterval = time.Second
+
+// watchLock finds out, without waiting for a request to fail, that another
+// gateway took the volume over: every lockCheckInterval it reads the lock's
+// owners from the cluster (a blocklisted client's reads are refused too,
+// with ErrFenced) and asks librbd whether this handle still owns it. A
+// gateway that was stopped (SIGSTOP) and continued thus learns it was
+// fenced within a second or two, whether or not it had requests in flight.
+func (h *rbdHead) watchLock() {
+	t := time.NewTicker(lockCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.stop:
+			return
+		case <-t.C:
+		}
+		owners, err := h.img.LockOwners()
+		if errors.Is(err, rbd.ErrFenced) {
+			h.markFenced(err)
+			return
+		}
+		if err != nil {
+			continue // the cluster is slow or away: requests report that
+		}
+		if own, err := h.img.IsLockOwner(); err == nil && !own {
+			h.markFenced(fmt.Errorf("the exclusive lock of %s/%s is owned by %v: %w", h.b.spec, h.name, owners, rbd.ErrLockLost))
+			return
+		}
+	}
+}
+
+func (h *rbdHead) markFenced(err error) {
+	h.fenceOnce.Do(func() {
+		h.b.log.Warn("volume taken over by another gateway: this one is fenced", "volume", h.name, "err", err)
+		close(h.fenced)
+	})
 }
 
 // releaseHead drops one reference; the last closes the head.
@@ -256,8 +306,9 @@ type rbdDevice struct {
 // rbdDevice is the device of a volume several targets serve in turn.
 var _ devFencer = (*rbdDevice)(nil)
 
-func (d *rbdDevice) fencingEpoch() uint64 { return d.h.epoch }
-func (d *rbdDevice) durableID() uint64    { return d.h.durable }
+func (d *rbdDevice) fencingEpoch() uint64    { return d.h.epoch }
+func (d *rbdDevice) fenced() <-chan struct{} { return d.h.fenced }
+func (d *rbdDevice) durableID() uint64       { return d.h.durable }
 
 func (d *rbdDevice) blocks() uint64 {
 	h := d.h

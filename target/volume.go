@@ -47,8 +47,10 @@ type volume struct {
 	// bootID is the WELCOME's boot ID for this volume: the target's, or
 	// the store's DurableID for a volume of a shared store (store.Fencer).
 	bootID uint64
-	// fenced is set once the store reported the handle fenced.
+	// fenced is set once the store reported the handle fenced; done is
+	// closed when the last session released the volume.
 	fenced atomic.Bool
+	done   chan struct{}
 }
 
 // epochShift places a store's fencing epoch above every generation one
@@ -58,7 +60,7 @@ const epochShift = 40
 func newVolume(name string, v store.Volume, readOnly bool, locks uint32, bootID uint64) *volume {
 	words := make([]uint64, blockproto.LockTableLen(locks)/8)
 	vol := &volume{name: name, v: v, info: v.Info(), readOnly: readOnly || v.Info().ReadOnly, words: words,
-		mem: unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8), bootID: bootID}
+		mem: unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8), bootID: bootID, done: make(chan struct{})}
 	vol.size.Store(vol.info.Size)
 	// Tokens of an earlier incarnation of the target (or of this volume
 	// state) are below the wall clock, so they start out stale.
@@ -282,6 +284,15 @@ func (t *Target) openVolume(ctx context.Context, name string) (*volume, error) {
 	vol := newVolume(name, v, ro, t.cfg.Locks, t.bootID)
 	vol.refs = 1
 	t.vols[name] = vol
+	if f, ok := v.(store.Fencer); ok {
+		go func() {
+			select {
+			case <-f.Fenced():
+				t.storeFailed(vol, fmt.Errorf("%w (found by the store)", store.ErrFenced))
+			case <-vol.done:
+			}
+		}()
+	}
 	return vol, nil
 }
 
@@ -296,6 +307,7 @@ func (t *Target) releaseVolume(vol *volume) {
 	}
 	t.mu.Unlock()
 	if last {
+		close(vol.done)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if err := vol.v.Flush(ctx); err != nil {
 			t.log.Error("flushing volume at last logout", "volume", vol.name, "err", err)

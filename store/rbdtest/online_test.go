@@ -103,3 +103,43 @@ func TestRBDConcurrentOpens(t *testing.T) {
 		}
 	}
 }
+
+// TestRBDFencedWithoutIO: a gateway whose volume another one takes over
+// learns it by itself (store.Fencer's Fenced closes) without doing any
+// I/O, and its writes then fail with ErrFenced; the volume's fencing epoch
+// rose.
+func TestRBDFencedWithoutIO(t *testing.T) {
+	a, spec := freshStore(t)
+	ctx := context.Background()
+	if _, err := a.CreateVolume(ctx, "vol", 4<<20, store.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	va, err := a.OpenVolume(ctx, "vol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer va.Close()
+	fa := va.(store.Fencer)
+	vb, err := openStore(t, spec).OpenVolume(ctx, "vol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vb.Close()
+	fb := vb.(store.Fencer)
+	if fb.FencingEpoch() != fa.FencingEpoch()+1 || fb.DurableID() != fa.DurableID() {
+		t.Fatalf("epochs %d -> %d, durable IDs %#x and %#x", fa.FencingEpoch(), fb.FencingEpoch(), fa.DurableID(), fb.DurableID())
+	}
+	t0 := time.Now()
+	select {
+	case <-fa.Fenced():
+		t.Logf("the first gateway found itself fenced %v after the take-over, without I/O", time.Since(t0).Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first gateway did not notice the take-over within 10 s")
+	}
+	if err := va.WriteBlocks(ctx, 0, storetest.Pattern(0, 1, 9), false); !errors.Is(err, store.ErrFenced) {
+		t.Fatalf("write of the fenced gateway: %v, want ErrFenced", err)
+	}
+	if err := vb.WriteBlocks(ctx, 0, storetest.Pattern(0, 1, 10), false); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -86,31 +86,7 @@ type Acceptor interface {
 // Serve accepts connection requests from l until ctx ends, Shutdown or
 // Close is called (then it returns ErrClosed), or l fails.
 func (t *Target) Serve(ctx context.Context, l Acceptor) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-t.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	for {
-		req, err := l.Accept(ctx)
-		if err != nil {
-			select {
-			case <-t.stop:
-				return ErrClosed
-			default:
-			}
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if errors.Is(err, net.ErrClosed) {
-				return fmt.Errorf("target: listener closed: %w", err)
-			}
-			return err
-		}
+	return AcceptEach(ctx, l, t.stop, func(req *rnic.ConnRequest) error {
 		t.mu.Lock()
 		if t.closed {
 			t.mu.Unlock()
@@ -123,6 +99,43 @@ func (t *Target) Serve(ctx context.Context, l Acceptor) error {
 			defer t.wg.Done()
 			t.handle(req)
 		}()
+		return nil
+	})
+}
+
+// AcceptEach takes the connection requests of l and hands each to handle,
+// until ctx ends (its error), stop is closed (ErrClosed), l fails (that
+// error), or handle returns an error (that error). Both front ends serve
+// their listeners with it.
+func AcceptEach(ctx context.Context, l Acceptor, stop <-chan struct{}, handle func(*rnic.ConnRequest) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for {
+		req, err := l.Accept(ctx)
+		if err != nil {
+			select {
+			case <-stop:
+				return ErrClosed
+			default:
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("target: listener closed: %w", err)
+			}
+			return err
+		}
+		if err := handle(req); err != nil {
+			return err
+		}
 	}
 }
 

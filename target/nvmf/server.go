@@ -177,30 +177,10 @@ func (s *Server) volumeOf(nqn string) (string, bool) {
 // Serve handles the connection requests of l until ctx ends, Shutdown is
 // called (then it returns target.ErrClosed), or l fails.
 func (s *Server) Serve(ctx context.Context, l target.Acceptor) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-s.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	for {
-		req, err := l.Accept(ctx)
-		if err != nil {
-			select {
-			case <-s.stop:
-				return target.ErrClosed
-			default:
-			}
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return fmt.Errorf("nvmf: accept: %w", err)
-		}
+	return target.AcceptEach(ctx, l, s.stop, func(req *rnic.ConnRequest) error {
 		s.Handle(req)
-	}
+		return nil
+	})
 }
 
 // Handle answers one connection request (in the background): an NVMe/RDMA

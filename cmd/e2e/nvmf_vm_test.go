@@ -72,9 +72,9 @@ step after-discard
 dd if=/dev/urandom of=$F bs=4k count=4 oflag=direct conv=fsync 2>/dev/null; echo "CHECK fsync rc=$?"
 step after-fsync
 
-fio --name=crash $V --rw=randwrite --bs=4k --offset=128M --size=24M --output=/host/fio-crash.json &
+fio --name=crash $V --rw=randwrite --bs=4k --offset=128M --size=48M --output=/host/fio-crash.json &
 FP=$!
-sleep 3
+sleep 2
 kill -0 $FP; echo "CHECK fio-running-at-kill rc=$?"
 step fio-running
 wait $FP; echo "CHECK fio-crash rc=$?"

@@ -11,7 +11,7 @@ import (
 )
 
 // DefaultMaxInline is Config.MaxInline's default.
-const DefaultMaxInline = 8192
+const DefaultMaxInline = blockproto.MaxInline
 
 // SecretFunc returns the pre-shared secret of an initiator for a volume,
 // or ok false if that initiator may not log in to it.
@@ -39,9 +39,8 @@ type Config struct {
 	GrantSize   int // data capacity of a write grant: 64 KiB
 	MaxGrants   int // write grants per QP: the QP's credits (at most this): 32
 	// MaxInline is the largest READ answered inline (DATA) on a QP whose
-	// initiator asks for inline reads: 8 KiB (at most
-	// blockproto.MaxInline, a multiple of 512); negative: never (the
-	// WELCOME does not offer it).
+	// initiator asks for inline reads: 16 KiB, the protocol's most (a
+	// multiple of 512); negative: never (the WELCOME does not offer it).
 	MaxInline int
 	// LegacyLogin refuses a LOGIN with FlagInline as malformed, as targets
 	// before inline reads did (for compatibility tests).

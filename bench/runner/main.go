@@ -822,7 +822,7 @@ func trimPprof(s string) string {
 
 // engineBench selects the engine's benchmark pairs (ours, then raw Go TCP
 // doing the same on the same loopback) and the message and atomic rates.
-const engineBench = "^(BenchmarkWriteStream|BenchmarkTCPStream|BenchmarkRead4K|BenchmarkTCPPingPong4K|BenchmarkSendRecv|BenchmarkFetchAdd)$"
+const engineBench = "^(BenchmarkWriteStream|BenchmarkTCPStream|BenchmarkTCPStreamZerocopy|BenchmarkRead4K|BenchmarkTCPPingPong4K|BenchmarkSendRecv|BenchmarkFetchAdd)$"
 
 // microBenchmarks runs the Go benchmarks the report quotes: the engine's
 // pairs three times over (each run has every pair side by side, so drift

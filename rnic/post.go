@@ -42,7 +42,8 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 func (qp *QP) Plug() { qp.plugs.Add(1) }
 
 // Unplug ends a Plug; the last one starts the transmission of what was
-// posted meanwhile.
+// posted meanwhile, at once: the burst is complete, so there is nothing to
+// wait for to combine with.
 func (qp *QP) Unplug() {
 	if qp.plugs.Add(-1) != 0 {
 		return
@@ -51,7 +52,7 @@ func (qp *QP) Unplug() {
 	c := qp.conn
 	qp.mu.Unlock()
 	if c != nil {
-		c.pushInline()
+		c.push()
 	}
 }
 

@@ -44,6 +44,9 @@ type rxState struct {
 	// completions on (see CQ.SetDirectHandler).
 	direct  [2]*CQ
 	ndirect int
+	// respQueued: Read or Atomic Responses were queued since the last
+	// batch end; they leave then, together.
+	respQueued bool
 }
 
 // deferTo notes that the batch queued a completion on cq, whose direct
@@ -64,7 +67,8 @@ func (r *rxState) deferTo(cq *CQ) {
 
 // batchEnd runs when the receiver is done with what it has read and is
 // about to read the stream again (maybe waiting): the direct handlers of
-// the CQs its completions went to take them now.
+// the CQs its completions went to take them now, and the responses it
+// queued leave together, in one write if the transmitter is free.
 func (r *rxState) batchEnd() {
 	for i := 0; i < r.ndirect; i++ {
 		cq := r.direct[i]
@@ -72,6 +76,10 @@ func (r *rxState) batchEnd() {
 		cq.runDirect()
 	}
 	r.ndirect = 0
+	if r.respQueued {
+		r.respQueued = false
+		r.c.push()
+	}
 }
 
 // rxAction is a segment's deferred effect, applied once its CRC verified.
@@ -818,7 +826,7 @@ func (r *rxState) apply() (rxEnd, bool) {
 		c.resp = append(c.resp, a.job)
 		c.irdUsed++
 		c.respMu.Unlock()
-		c.pushInline()
+		r.respQueued = true // sent at the batch's end
 	case actTermRecv:
 		r.terminateReceived(a.term)
 		return endTermRecv, true

@@ -167,6 +167,12 @@ func (c *conn) pushInline() {
 	// Clear before draining: work queued after this store finds the flag
 	// clear and pushes (or kicks) itself.
 	c.combining.Store(false)
+	c.push()
+}
+
+// push sends what is queued, inline if the transmitter is free, else wakes
+// it.
+func (c *conn) push() {
 	if txMode(c.mode.Load()) != txRun || c.raw == nil || !c.gateOpen() || !c.txMu.TryLock() {
 		c.kick()
 		return

@@ -246,9 +246,11 @@ func (t *transmission) endPlug() {
 func (t *transmission) dispatch(r *request) {
 	t.wg.Add(1)
 	if t.async != nil && (r.typ == CmdRead || r.typ == CmdWrite) {
-		// Another request already waits in the buffer: hold this one
-		// back until it, and whatever follows it there, can go along.
-		if t.plugger != nil && t.unplug == nil && t.c.br.Buffered() >= RequestSize {
+		// Hold the request back until the reader has started every
+		// request already read from the socket: they then leave
+		// together, and the last one as soon as the reader would wait
+		// (mayWait unplugs).
+		if t.plugger != nil && t.unplug == nil {
 			t.unplug = t.plugger.Plug()
 		}
 		if r.typ == CmdRead {

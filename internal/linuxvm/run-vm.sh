@@ -22,7 +22,7 @@ DUMP=(); [ -n "${RNICVM_PCAP:-}" ] && DUMP=(-object "filter-dump,id=d0,netdev=n0
 exec timeout -s KILL "${RNICVM_TIMEOUT:-300}" qemu-system-x86_64 -accel tcg -cpu max \
   -smp "${RNICVM_SMP:-2}" -m "${RNICVM_MEM:-1024}" -no-reboot -display none -monitor none -nodefaults \
   -kernel "$D/vmlinuz" -initrd "$D/initrd.gz" \
-  -append "console=ttyS0 panic=-1 quiet rnicvm.siw=${RNICVM_SIW:-stock} $*" \
+  -append "console=ttyS0 panic=-1 quiet no_timer_check rnicvm.siw=${RNICVM_SIW:-stock} $*" \
   -serial "file:${RNICVM_CONSOLE:-/dev/null}" -serial stdio \
   -netdev "$NET" -device virtio-net-pci,netdev=n0 "${DUMP[@]}" \
   -virtfs "local,path=$SH,mount_tag=host,security_model=none,id=host0"

@@ -129,9 +129,11 @@ type Store interface {
 	ResizeVolume(ctx context.Context, name string, size int64) error
 	// CreateSnapshot takes a read-only, point-in-time snapshot of a volume,
 	// open or not: every write acknowledged before the call is in it, none
-	// started after it returns. It makes the volume's acknowledged writes
-	// durable (as Flush does) and takes constant time otherwise, whatever
-	// the volume's size.
+	// started after it returns. It takes constant time, whatever the
+	// volume's size. Across a crash the snapshot keeps, like the volume,
+	// what was made durable (by Flush, FUA or Sync): a snapshot taken after
+	// a Flush holds everything that Flush covered; a backend may make it
+	// durable whole (rbd flushes first).
 	CreateSnapshot(ctx context.Context, vol, snap string) (SnapshotInfo, error)
 	// DeleteSnapshot removes a snapshot anywhere in the volume's chain and
 	// frees the data only it referenced. It fails with ErrBusy while the

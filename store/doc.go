@@ -33,10 +33,11 @@
 // made) is the unit of allocation and of copy on write. Cluster 0 of the
 // first file holds a header naming the store (a UUID also in the format
 // record), so data files and metadata of different stores are never mixed
-// up; data starts at 2 MiB, and runs of clusters allocated together start
-// at a multiple of their size (up to 2 MiB), so the page cache keeps them
-// in large folios (random 4 KiB reads of a volume written with 1 MiB
-// requests cost 1.07 us of CPU against 1.74 without, a plain file 0.95).
+// up; data starts at 2 MiB. Whole clusters written together are
+// allocated as a contiguous run, so a large request is one system call.
+// Writes are issued in pieces of at most 64 KiB (thin_pool.go, writeChunk):
+// larger page-cache folios make every later 4 KiB write into them walk the
+// whole folio in ext4.
 //
 // Why 64 KiB: the cost of a first write to a cluster shared with a
 // snapshot is a read and a write of the whole cluster (BenchmarkCopyOnWrite:
@@ -96,8 +97,8 @@
 //
 // Map changes are kept in memory, in a batch, in the order they were made
 // (thin_batch.go). A commit, run by Flush, a FUA write, Sync, a snapshot,
-// every second while the batch holds anything, or when it grows past 32K
-// changes (writers wait for one past 128K), first fdatasyncs the data
+// every second while the batch holds anything, or when it grows past 16K
+// changes (writers wait for one past 64K), first fdatasyncs the data
 // files, then writes the batch in badger transactions that each hold whole
 // replacements (a map entry, the delta entry keeping the old one or the
 // release of its cluster, the allocation from the free ranges), then syncs
@@ -185,9 +186,9 @@
 //
 // Data files are never mapped: the page cache holds their pages outside
 // the process. The process holds the maps of open volumes (8 bytes per
-// mapped cluster, in pages of 512 entries), the batch (at most 128K
-// changes of 56 bytes), a clone's cache of its origin, and badger (16 MiB
-// memtables, 8 MiB block and index caches).
+// mapped cluster, in pages of 512 entries), the batch (at most 64K
+// changes of 56 bytes), a clone's cache of its origin, and badger (4 MiB
+// memtables, 1 MiB tables, no block cache).
 //
 // # Migration from v1
 //

@@ -36,11 +36,23 @@ type batchOp struct {
 // The bounds of a batch: past batchKick ops the committer is woken, past
 // batchMax writers commit it themselves before going on.
 const (
-	batchKick = 32 << 10
+	batchKick = 16 << 10
 	batchMax  = 4 * batchKick
 )
 
 func newThinBatch() *thinBatch { return &thinBatch{} }
+
+// nextBatch returns an empty batch for the writers, on the memory of the
+// last one committed (spare) when there is one: the batch's memory stays
+// at its high mark instead of being allocated again for every commit.
+func (b *thinBackend) nextBatch() *thinBatch {
+	if b.spare != nil {
+		bt := b.spare
+		b.spare = nil
+		return bt
+	}
+	return newThinBatch()
+}
 
 func (bt *thinBatch) empty() bool { return len(bt.ops) == 0 }
 
@@ -60,8 +72,14 @@ func (b *thinBackend) commit() error {
 	}
 	b.batchMu.Lock()
 	bt := b.batch
-	b.batch = newThinBatch()
+	b.batch = b.nextBatch()
 	b.batchMu.Unlock()
+	defer func() {
+		bt.ops = bt.ops[:0]
+		b.batchMu.Lock()
+		b.spare = bt
+		b.batchMu.Unlock()
+	}()
 	if _, err := b.pool.sync(); err != nil {
 		return b.fail(err)
 	}
@@ -257,27 +275,12 @@ func (b *thinBackend) allocRun(n uint64) (p, got uint64, fromFree bool, err erro
 		}
 		return r.start, got, true, nil
 	}
-	// A run starts at a multiple of its size (up to alignBytes) in the
-	// file, so the page cache can hold it in large folios; the clusters
-	// skipped go to the free ranges.
-	align := uint64(1)
-	for align*2 <= n && align*2*uint64(b.cs) <= alignBytes {
-		align *= 2
-	}
-	p = (b.high + align - 1) / align * align
+	p = b.high
 	got = min(n, b.fileRoom(p))
 	if p+got > entryPhysMask {
 		return 0, 0, false, fmt.Errorf("data files full (%d clusters): %w", b.high, ErrInvalid)
 	}
-	skipped := b.high
 	b.high = p + got
-	if skipped < p {
-		b.batchMu.Lock()
-		for q := skipped; q < p; q++ {
-			b.batch.ops = append(b.batch.ops, batchOp{free: q})
-		}
-		b.batchMu.Unlock()
-	}
 	return p, got, false, nil
 }
 

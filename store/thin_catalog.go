@@ -547,6 +547,11 @@ func (b *thinBackend) open(ctx context.Context, info VolumeInfo, snap string) (b
 		if err != nil {
 			return nil, VolumeInfo{}, err
 		}
+		// A snapshot is read from the database: what the batch holds of the
+		// volume from before the snapshot goes there first.
+		if err := b.committer.Sync(ctx); err != nil {
+			return nil, VolumeInfo{}, err
+		}
 		vi.Name, vi.Size, vi.Created, vi.ReadOnly = rec.Name+"@"+snap, s.Size, s.Created, true
 		return b.openSnapshot(rec, s), vi, nil
 	}

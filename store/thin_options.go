@@ -24,7 +24,7 @@ type ThinOptions struct {
 	// CommitInterval bounds how long map changes of writes not yet flushed
 	// stay in memory before they are committed anyway; 0 means one second.
 	CommitInterval time.Duration
-	// MemTableSize is the size of one badger memtable; 0 means 16 MiB.
+	// MemTableSize is the size of one badger memtable; 0 means 4 MiB.
 	MemTableSize int64
 }
 
@@ -35,11 +35,11 @@ const DefaultClusterSize = 64 << 10
 const (
 	// minMemTableSize keeps a transaction (15% of a memtable) large
 	// enough for the catalog's operations.
-	minMemTableSize       = 8 << 20
+	minMemTableSize       = 4 << 20
 	minClusterSize        = BlockSize
 	maxClusterSize        = 4 << 20
 	defaultCommitInterval = time.Second
-	defaultThinMemTable   = 16 << 20
+	defaultThinMemTable   = 8 << 20
 )
 
 func (o ThinOptions) withDefaults() ThinOptions {
@@ -73,8 +73,11 @@ func (o ThinOptions) validate() error {
 	return nil
 }
 
-// badgerOptions are the metadata database's options: small entries, all in
-// the LSM tree, small caches.
+// badgerOptions are the metadata database's options: small entries (all
+// in the LSM tree, none in the value log), tables read straight from
+// their mapping (no compression, so no block cache; indexes kept with
+// their tables), small memtables and tables: badger's memory stays under
+// about 16 MiB.
 func (o ThinOptions) badgerOptions(dir string) badger.Options {
 	return badger.DefaultOptions(dir).
 		WithLogger(slogBadger{log: o.Logger.With("component", "badger"), min: o.LogLevel}).
@@ -86,9 +89,11 @@ func (o ThinOptions) badgerOptions(dir string) badger.Options {
 		WithNumMemtables(2).
 		WithNumLevelZeroTables(2).
 		WithNumLevelZeroTablesStall(8).
-		WithBlockCacheSize(8 << 20).
-		WithIndexCacheSize(8 << 20).
-		WithValueLogFileSize(64 << 20).
+		WithBlockCacheSize(0).
+		WithIndexCacheSize(0).
+		WithBaseTableSize(1 << 20).
+		WithValueThreshold(64 << 10).
+		WithValueLogFileSize(16 << 20).
 		WithNumCompactors(2).
 		WithCompactL0OnClose(true).
 		WithNumGoroutines(2).

@@ -16,8 +16,9 @@ import (
 // delta of the entries the head replaced after the snapshot was taken.
 
 // quiesce stops the I/O of volume id if it is open, for a change of its
-// epochs, and commits what the batch holds. The returned function resumes.
-func (b *thinBackend) quiesce(ctx context.Context, id uint32) (*thinVol, func(), error) {
+// epochs; with commit it also commits what the batch holds. The returned
+// function resumes.
+func (b *thinBackend) quiesce(ctx context.Context, id uint32, commit bool) (*thinVol, func(), error) {
 	b.volsMu.Lock()
 	v := b.vols[id]
 	if v != nil {
@@ -29,9 +30,11 @@ func (b *thinBackend) quiesce(ctx context.Context, id uint32) (*thinVol, func(),
 		}
 		b.volsMu.Unlock()
 	}
-	if err := b.committer.Sync(ctx); err != nil {
-		resume()
-		return nil, nil, err
+	if commit {
+		if err := b.committer.Sync(ctx); err != nil {
+			resume()
+			return nil, nil, err
+		}
 	}
 	return v, resume, nil
 }
@@ -49,10 +52,16 @@ func (b *thinBackend) snapOf(txn *badger.Txn, name, snap string) (*thinRecord, *
 	return rec, s, err
 }
 
+// createSnapshot records the snapshot with the volume's I/O stopped for
+// the time of one small transaction: the batch need not be committed
+// first. Its changes go to the database after the record, in order, each
+// naming the snapshot its old entry goes to, so every state the database
+// goes through is consistent; a crash loses, in the snapshot as in the
+// volume, only writes no Flush, FUA or Sync made durable.
 func (b *thinBackend) createSnapshot(ctx context.Context, info VolumeInfo, name string) (SnapshotInfo, error) {
 	b.catalogMu.Lock()
 	defer b.catalogMu.Unlock()
-	v, resume, err := b.quiesce(ctx, info.ID)
+	v, resume, err := b.quiesce(ctx, info.ID, false)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
@@ -90,7 +99,9 @@ func (b *thinBackend) createSnapshot(ctx context.Context, info VolumeInfo, name 
 func (b *thinBackend) deleteSnapshot(ctx context.Context, info VolumeInfo, name string) error {
 	b.catalogMu.Lock()
 	defer b.catalogMu.Unlock()
-	v, resume, err := b.quiesce(ctx, info.ID)
+	// Changes in the batch may name the snapshot's delta: they go to the
+	// database before its deletion begins.
+	v, resume, err := b.quiesce(ctx, info.ID, true)
 	if err != nil {
 		return err
 	}
@@ -189,9 +200,14 @@ func (b *thinBackend) snapshotDeleteStep(id, epoch uint32) (done bool, err error
 	return done, err
 }
 
-func (b *thinBackend) clone(_ context.Context, origin VolumeInfo, snap string, info VolumeInfo) (VolumeInfo, error) {
+func (b *thinBackend) clone(ctx context.Context, origin VolumeInfo, snap string, info VolumeInfo) (VolumeInfo, error) {
 	b.catalogMu.Lock()
 	defer b.catalogMu.Unlock()
+	// The clone reads its origin from the database: what the batch holds
+	// from before the snapshot goes there first.
+	if err := b.committer.Sync(ctx); err != nil {
+		return VolumeInfo{}, err
+	}
 	var rec *thinRecord
 	var out VolumeInfo
 	err := b.update(func(txn *badger.Txn) error {

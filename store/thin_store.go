@@ -74,6 +74,7 @@ type thinBackend struct {
 
 	batchMu sync.Mutex
 	batch   *thinBatch
+	spare   *thinBatch    // the last batch committed, emptied, for the next
 	kick    chan struct{} // wakes maintain to commit a batch grown past batchKick
 	// txnOps is how many batch ops one transaction takes; batchCap bounds
 	// the entries the catalog operations change in one transaction.
@@ -249,14 +250,13 @@ func (b *thinBackend) start() error {
 }
 
 // firstCluster is the first cluster ever handed out: the header takes
-// cluster 0, and data starts at 2 MiB so that runs of clusters written
-// together can be aligned for the page cache's large folios.
+// cluster 0, and data starts at 2 MiB (room for a header that grows).
 func (b *thinBackend) firstCluster() uint64 {
-	return max(1, uint64(alignBytes/b.cs))
+	return max(1, uint64(dataStart/b.cs))
 }
 
-// alignBytes is the alignment of runs of clusters allocated together.
-const alignBytes = 2 << 20
+// dataStart is the byte offset of the first cluster of data.
+const dataStart = 2 << 20
 
 // checkFormat writes the format record into a new database and checks it
 // in an existing one.

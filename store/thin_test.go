@@ -46,7 +46,7 @@ func TestRawConformance(t *testing.T) {
 }
 
 func TestMemoryModel(t *testing.T) {
-	storetest.Model(t, storetest.ModelOptions{Open: func(*testing.T) store.Store { return store.NewMemory() }})
+	storetest.Model(t, storetest.ModelOptions{Open: func(*testing.T) store.Store { return store.NewMemory() }, Steps: modelSteps})
 }
 
 // TestThinModel runs the model with clusters of 4 blocks, so requests
@@ -72,6 +72,7 @@ func TestThinModel(t *testing.T) {
 					return open(t)
 				},
 				Check: store.CheckThin,
+				Steps: modelSteps,
 			})
 		})
 	}

@@ -15,23 +15,20 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
-	"math"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rnic-dev/rnic/internal/benchkit"
 )
 
 type options struct {
@@ -115,18 +112,18 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	}
 	systems := []system{
 		{"rtarget-rbd", func(ctx context.Context, port string) ([]*exec.Cmd, string, error) {
-			tport := freePort()
+			tport := benchkit.FreePort()
 			t := exec.CommandContext(ctx, filepath.Join(bin, "rtarget-ceph"), "serve", "--store", "rbd", "--ceph-conf", o.conf,
 				"--rbd-pool", o.pool, "--listen", "127.0.0.1:"+tport)
-			if err := startProc(t, filepath.Join(work, "rtarget.log")); err != nil {
+			if err := benchkit.StartProc(t, filepath.Join(work, "rtarget.log")); err != nil {
 				return nil, "", err
 			}
-			if err := waitPort(tport); err != nil {
+			if err := benchkit.WaitPort(tport); err != nil {
 				return []*exec.Cmd{t}, "", err
 			}
 			i := exec.CommandContext(ctx, filepath.Join(bin, "rinit"), "nbd", "--target", "127.0.0.1:"+tport,
 				"--volume", o.image, "--listen", "127.0.0.1:"+port)
-			if err := startProc(i, filepath.Join(work, "rinit.log")); err != nil {
+			if err := benchkit.StartProc(i, filepath.Join(work, "rinit.log")); err != nil {
 				return []*exec.Cmd{t}, "", err
 			}
 			return []*exec.Cmd{t, i}, "nbd://127.0.0.1:" + port + "/" + o.image, nil
@@ -134,7 +131,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 		{"qemu-nbd-rbd", func(ctx context.Context, port string) ([]*exec.Cmd, string, error) {
 			q := exec.CommandContext(ctx, "qemu-nbd", "-f", "raw", "--cache=none", "--persistent", "--shared=8",
 				"-x", o.image, "-b", "127.0.0.1", "-p", port, "rbd:"+o.pool+"/"+o.image+":conf="+o.conf)
-			if err := startProc(q, filepath.Join(work, "qemu-nbd.log")); err != nil {
+			if err := benchkit.StartProc(q, filepath.Join(work, "qemu-nbd.log")); err != nil {
 				return nil, "", err
 			}
 			return []*exec.Cmd{q}, "nbd://127.0.0.1:" + port + "/" + o.image, nil
@@ -153,14 +150,14 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 			log.Info("system", "name", sys.name, "rep", rep)
 			err := withSystem(ctx, sys, func(uri string, procs []*exec.Cmd) error {
 				for _, j := range jobs {
-					cpu0 := cpuOf(procs)
+					cpu0 := benchkit.CPU(procs...)
 					r, err := fio(ctx, "bench/jobs/"+j+".fio", uri, o)
 					if err != nil {
 						return err
 					}
 					r.System, r.Job, r.Rep = sys.name, j, rep
 					if ios := r.IOPS * float64(o.runtime+o.ramp); ios > 0 {
-						r.CPUus = (cpuOf(procs) - cpu0).Seconds() * 1e6 / ios
+						r.CPUus = (benchkit.CPU(procs...) - cpu0).Seconds() * 1e6 / ios
 					}
 					log.Info("job", "system", sys.name, "job", j, "iops", int(r.IOPS), "MB/s", int(r.MBps))
 					results = append(results, r)
@@ -182,115 +179,26 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 // withSystem starts sys, waits for its NBD port, runs fn and stops it
 // (SIGTERM, so that it closes the image and releases its lock).
 func withSystem(ctx context.Context, sys system, fn func(uri string, procs []*exec.Cmd) error) error {
-	port := freePort()
+	port := benchkit.FreePort()
 	procs, uri, err := sys.start(ctx, port)
 	defer func() {
 		for i := len(procs) - 1; i >= 0; i-- {
-			stopProc(procs[i])
+			benchkit.StopProc(procs[i], 30*time.Second)
 		}
 	}()
 	if err != nil {
 		return err
 	}
-	if err := waitPort(port); err != nil {
+	if err := benchkit.WaitPort(port); err != nil {
 		return err
 	}
 	return fn(uri, procs)
 }
 
-func startProc(c *exec.Cmd, logFile string) error {
-	f, err := os.OpenFile(logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	c.Stdout, c.Stderr = f, f
-	return c.Start()
-}
-
-func stopProc(c *exec.Cmd) {
-	c.Process.Signal(os.Interrupt)
-	done := make(chan struct{})
-	go func() { c.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		c.Process.Kill()
-		<-done
-	}
-}
-
-func freePort() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer l.Close()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-}
-
-func waitPort(port string) error {
-	for range 300 {
-		if c, err := net.Dial("tcp", "127.0.0.1:"+port); err == nil {
-			c.Close()
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("nothing listens on port %s after 30 s", port)
-}
-
-// cpuOf is the CPU time (user + system) the processes used so far.
-func cpuOf(procs []*exec.Cmd) time.Duration {
-	var t time.Duration
-	for _, p := range procs {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Process.Pid))
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
-		ut, _ := strconv.ParseInt(f[11], 10, 64)
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		t += time.Duration(ut+st) * time.Second / 100 // USER_HZ
-	}
-	return t
-}
-
 func fio(ctx context.Context, job, uri string, o options) (Result, error) {
-	cmd := exec.CommandContext(ctx, "fio", "--output-format=json", job)
-	cmd.Env = append(os.Environ(), "NBD_URI="+uri, "REGION="+o.region, "RUNTIME="+strconv.Itoa(o.runtime),
+	r, err := benchkit.Fio(ctx, job, "NBD_URI="+uri, "REGION="+o.region, "RUNTIME="+strconv.Itoa(o.runtime),
 		"RAMP="+strconv.Itoa(o.ramp))
-	out, err := cmd.Output()
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return Result{}, fmt.Errorf("fio %s: %v\n%s", job, err, ee.Stderr)
-		}
-		return Result{}, err
-	}
-	if i := bytes.IndexByte(out, '{'); i > 0 {
-		out = out[i:]
-	}
-	var doc struct {
-		Jobs []struct {
-			Error int `json:"error"`
-			Read  struct {
-				IOPS    float64 `json:"iops"`
-				BwBytes int64   `json:"bw_bytes"`
-			} `json:"read"`
-			Write struct {
-				IOPS    float64 `json:"iops"`
-				BwBytes int64   `json:"bw_bytes"`
-			} `json:"write"`
-		} `json:"jobs"`
-	}
-	if err := json.Unmarshal(out, &doc); err != nil || len(doc.Jobs) == 0 {
-		return Result{}, fmt.Errorf("fio %s: output: %v", job, err)
-	}
-	j := doc.Jobs[0]
-	if j.Error != 0 {
-		return Result{}, fmt.Errorf("fio %s: job error %d", job, j.Error)
-	}
-	return Result{IOPS: j.Read.IOPS + j.Write.IOPS, MBps: float64(j.Read.BwBytes+j.Write.BwBytes) / 1e6}, nil
+	return Result{IOPS: r.IOPS, MBps: r.MBps}, err
 }
 
 var benchLine = regexp.MustCompile(`elapsed:\s*([\d.]+)\s+ops:\s*(\d+)\s+ops/sec:\s*([\d.]+)\s+bytes/sec:\s*([\d.]+)\s*(\w+)?`)
@@ -328,18 +236,6 @@ func rbdBench(o options) ([]Bench, error) {
 	return out, nil
 }
 
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return math.NaN()
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 func report(o options, results []Result, benches []Bench) error {
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
@@ -361,7 +257,7 @@ func report(o options, results []Result, benches []Bench) error {
 				v = append(v, f(r))
 			}
 		}
-		return median(v)
+		return benchkit.Median(v)
 	}
 	for i, j := range jobs {
 		unit, f := "IOPS", func(r Result) float64 { return r.IOPS }

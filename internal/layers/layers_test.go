@@ -46,6 +46,7 @@ var layers = []layer{
 	{pkg: "cmd/internal/clix", rank: 60},
 	{pkg: "cmd", rank: 70},
 	{pkg: "bench", rank: 70},
+	{pkg: "internal/benchkit", rank: 65}, // fio, processes and ports for the commands of bench/
 	{pkg: "internal/layers", rank: 80, testOnly: true},
 
 	{pkg: "store", rank: 5, rdmaFree: true},

@@ -1,0 +1,356 @@
+// Command store benchmarks the default store (thin) against the memory
+// store through the whole stack, fio's nbd engine -> rinit nbd -> rtarget,
+// with the targets of the store issue: the two systems interleaved in
+// every repetition, the same jobs, default flags.
+//
+//	go run ./bench/store                 # 3 repetitions, 5 s per job, ~8 minutes
+//	go run ./bench/store -reps 1 -runtime 3
+//
+// Scenarios, each on a new rtarget per system and repetition:
+//
+//   - full: a 2 GiB volume written once in full (1 MiB sequential), then
+//     randread-4k-qd16, randwrite-4k-qd16, seqread-1m and seqwrite-1m over
+//     it (bench/jobs);
+//   - fresh: writes to a fresh 64 GiB volume never written before:
+//     randwrite-4k-qd16 (nearly every write allocates a cluster) and
+//     seqwrite-1m;
+//   - cow (thin only): right after a snapshot of the full volume, 4 KiB
+//     writes at QD16 each to a different 64 KiB cluster (a copy on write),
+//     against the same writes once more (the volume's own clusters now),
+//     interleaved; and the time of each snapshot, taken through rtarget's
+//     control socket while the volume is served.
+//
+// It writes bench/results/store-report.md and store-results.json.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rnic-dev/rnic/internal/benchkit"
+)
+
+type options struct {
+	out                string
+	reps, runtime, rmp int
+	fullSize           string
+	cowRounds          int
+}
+
+// Result is one fio job of one system in one repetition.
+type Result struct {
+	System   string  `json:"system"`
+	Scenario string  `json:"scenario"`
+	Job      string  `json:"job"`
+	Rep      int     `json:"rep"`
+	IOPS     float64 `json:"iops"`
+	MBps     float64 `json:"mbps"`
+	// CPUus is the CPU time (user and system) of rtarget and rinit per
+	// I/O: a figure less sensitive than rates to other load on the host.
+	CPUus float64 `json:"cpu_us_per_io"`
+	// HWMKiB is rtarget's VmHWM after the scenario's jobs.
+	HWMKiB int64 `json:"rtarget_hwm_kib"`
+}
+
+// Snapshot is one snapshot taken through the control socket.
+type Snapshot struct {
+	Rep int     `json:"rep"`
+	Ms  float64 `json:"ms"`
+}
+
+var fullJobs = []string{"randread-4k-qd16", "randwrite-4k-qd16", "seqread-1m", "seqwrite-1m"}
+var freshJobs = []string{"randwrite-4k-qd16", "seqwrite-1m"}
+
+func main() {
+	var o options
+	flag.StringVar(&o.out, "out", "bench/results", "directory for store-report.md and store-results.json")
+	flag.IntVar(&o.reps, "reps", 3, "repetitions (the systems interleaved in each)")
+	flag.IntVar(&o.runtime, "runtime", 5, "seconds per job")
+	flag.IntVar(&o.rmp, "ramp", 1, "ramp seconds per job")
+	flag.StringVar(&o.fullSize, "size", "2G", "size of the volume written in full")
+	flag.IntVar(&o.cowRounds, "cow-rounds", 3, "snapshot + first writes + plain writes rounds per repetition")
+	flag.Parse()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := run(context.Background(), o, log); err != nil {
+		log.Error("benchmark failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+// stack is one rtarget and the rinit nbd processes in front of its volumes.
+type stack struct {
+	rt    *exec.Cmd
+	inits []*exec.Cmd
+	uris  map[string]string // volume -> nbd URI
+	data  string
+	log   string
+}
+
+func run(ctx context.Context, o options, log *slog.Logger) error {
+	work, err := os.MkdirTemp("", "rnic-store-bench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	bin := filepath.Join(work, "bin")
+	for _, b := range [][]string{{"build", "-o", bin + "/", "./cmd/rtarget", "./cmd/rinit"}} {
+		if out, err := exec.Command("go", b...).CombinedOutput(); err != nil {
+			return fmt.Errorf("go %v: %v\n%s", b, err, out)
+		}
+	}
+	var results []Result
+	var snaps []Snapshot
+	var cow, plain []float64
+	systems := []string{"memory", "thin"}
+	for rep := range o.reps {
+		order := slices.Clone(systems)
+		if rep%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, sys := range order {
+			log.Info("repetition", "rep", rep, "system", sys)
+			st, err := startStack(ctx, bin, work, sys, rep, o)
+			if err != nil {
+				return fmt.Errorf("%s: %w", sys, err)
+			}
+			err = func() error {
+				defer st.stop()
+				if _, err := fio(ctx, "bench/jobs/fill.fio", st.uris["full"], o.fullSize, o, nil); err != nil {
+					return fmt.Errorf("fill: %w", err)
+				}
+				for _, sc := range []struct {
+					name, vol, region string
+					jobs              []string
+				}{{"full", "full", o.fullSize, fullJobs}, {"fresh", "fresh", "64G", freshJobs}} {
+					for _, j := range sc.jobs {
+						cpu0 := st.cpu()
+						r, err := fio(ctx, "bench/jobs/"+j+".fio", st.uris[sc.vol], sc.region, o, nil)
+						if err != nil {
+							return err
+						}
+						if ios := r.IOPS * float64(o.runtime+o.rmp); ios > 0 {
+							r.CPUus = (st.cpu() - cpu0).Seconds() * 1e6 / ios
+						}
+						r.System, r.Scenario, r.Job, r.Rep, r.HWMKiB = sys, sc.name, j, rep, hwm(st.rt)
+						log.Info("job", "system", sys, "scenario", sc.name, "job", j, "iops", int(r.IOPS), "MB/s", int(r.MBps))
+						results = append(results, r)
+					}
+				}
+				if sys != "thin" {
+					return nil
+				}
+				for round := range o.cowRounds {
+					ms, err := snapshot(filepath.Join(st.data, "rtarget.sock"), "full", fmt.Sprintf("s%d-%d", rep, round))
+					if err != nil {
+						return err
+					}
+					snaps = append(snaps, Snapshot{Rep: rep, Ms: ms})
+					// 256 MiB of the volume: 4096 clusters, one write each.
+					env := []string{"IO_SIZE=" + strconv.Itoa(4096*4096)}
+					rc, err := fio(ctx, "bench/store/jobs/cow-4k-qd16.fio", st.uris["full"], "256M", o, env)
+					if err != nil {
+						return err
+					}
+					rp, err := fio(ctx, "bench/store/jobs/cow-4k-qd16.fio", st.uris["full"], "256M", o, env)
+					if err != nil {
+						return err
+					}
+					cow, plain = append(cow, rc.IOPS), append(plain, rp.IOPS)
+					log.Info("copy on write", "snapshot_ms", ms, "first_write_iops", int(rc.IOPS), "plain_iops", int(rp.IOPS))
+				}
+				return nil
+			}()
+			if err != nil {
+				return fmt.Errorf("%s: %w\n%s", sys, err, tail(st.log))
+			}
+		}
+	}
+	return report(o, results, snaps, cow, plain)
+}
+
+// startStack starts rtarget with the given store and volumes full and
+// fresh, and a rinit nbd for each.
+func startStack(ctx context.Context, bin, work, sys string, rep int, o options) (*stack, error) {
+	st := &stack{uris: map[string]string{}, data: filepath.Join(work, fmt.Sprintf("data-%s-%d", sys, rep)),
+		log: filepath.Join(work, fmt.Sprintf("rtarget-%s-%d.log", sys, rep))}
+	tport := benchkit.FreePort()
+	st.rt = exec.CommandContext(ctx, filepath.Join(bin, "rtarget"), "serve", "--store", sys, "--data", st.data,
+		"--listen", "127.0.0.1:"+tport, "--volume", "full:"+o.fullSize, "--volume", "fresh:64G")
+	if err := benchkit.StartProc(st.rt, st.log); err != nil {
+		return nil, err
+	}
+	if err := benchkit.WaitPort(tport); err != nil {
+		st.stop()
+		return nil, fmt.Errorf("%w\n%s", err, tail(st.log))
+	}
+	for _, vol := range []string{"full", "fresh"} {
+		port := benchkit.FreePort()
+		i := exec.CommandContext(ctx, filepath.Join(bin, "rinit"), "nbd", "--target", "127.0.0.1:"+tport, "--volume", vol,
+			"--listen", "127.0.0.1:"+port, "--name", "bench-"+vol)
+		if err := benchkit.StartProc(i, filepath.Join(work, fmt.Sprintf("rinit-%s-%s-%d.log", vol, sys, rep))); err != nil {
+			st.stop()
+			return nil, err
+		}
+		st.inits = append(st.inits, i)
+		if err := benchkit.WaitPort(port); err != nil {
+			st.stop()
+			return nil, err
+		}
+		st.uris[vol] = "nbd://127.0.0.1:" + port + "/" + vol
+	}
+	return st, nil
+}
+
+func (st *stack) stop() {
+	for _, c := range append(st.inits, st.rt) {
+		benchkit.StopProc(c, 60*time.Second)
+	}
+}
+
+func tail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// cpu returns the CPU time rtarget and the rinit processes used so far.
+func (st *stack) cpu() time.Duration { return benchkit.CPU(append(st.inits, st.rt)...) }
+
+// hwm returns the process's VmHWM in KiB.
+func hwm(c *exec.Cmd) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	for l := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			n, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// snapshot takes snapshot snap of vol through the control socket and
+// returns how long the request took.
+func snapshot(sock, vol, snap string) (float64, error) {
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		return 0, fmt.Errorf("control socket: %w", err)
+	}
+	defer c.Close()
+	req, _ := json.Marshal(map[string]any{"v": 1, "op": "snapshot", "name": vol, "snap": snap})
+	start := time.Now()
+	if _, err := c.Write(append(req, '\n')); err != nil {
+		return 0, err
+	}
+	line, err := bufio.NewReader(c).ReadBytes('\n')
+	d := time.Since(start)
+	if err != nil {
+		return 0, err
+	}
+	var resp struct {
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal(line, &resp); err != nil || resp.Error != "" {
+		return 0, fmt.Errorf("snapshot: %v %s", err, resp.Error)
+	}
+	return float64(d.Microseconds()) / 1000, nil
+}
+
+func fio(ctx context.Context, job, uri, region string, o options, env []string) (Result, error) {
+	r, err := benchkit.Fio(ctx, job, append([]string{"NBD_URI=" + uri, "REGION=" + region,
+		"RUNTIME=" + strconv.Itoa(o.runtime), "RAMP=" + strconv.Itoa(o.rmp)}, env...)...)
+	return Result{IOPS: r.IOPS, MBps: r.MBps}, err
+}
+
+func report(o options, results []Result, snaps []Snapshot, cow, plain []float64) error {
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	js, _ := json.MarshalIndent(map[string]any{"results": results, "snapshots": snaps, "cow_first_write_iops": cow,
+		"cow_plain_iops": plain}, "", "  ")
+	if err := os.WriteFile(filepath.Join(o.out, "store-results.json"), js, 0o644); err != nil {
+		return err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# The default store (thin) against the memory store\n\n")
+	fmt.Fprintf(&b, "`go run ./bench/store -reps %d -runtime %d`, %s: fio (nbd engine) -> rinit nbd -> rtarget, default flags, "+
+		"the two systems interleaved in each of %d repetitions (a new rtarget each time); medians. Rates are IOPS (4K) or "+
+		"MB/s (1M). Target: thin >= 0.9x memory.\n\n", o.reps, o.runtime, time.Now().UTC().Format("2006-01-02"), o.reps)
+	fmt.Fprintf(&b, "| scenario | job | memory | thin | thin/memory | >= 0.9x | CPU µs/IO memory | thin |\n"+
+		"|---|---|---|---|---|---|---|---|\n")
+	get := func(sys, sc, job string, cpu bool) float64 {
+		var v []float64
+		for _, r := range results {
+			if r.System == sys && r.Scenario == sc && r.Job == job {
+				switch {
+				case cpu:
+					v = append(v, r.CPUus)
+				case strings.HasSuffix(job, "-1m"):
+					v = append(v, r.MBps)
+				default:
+					v = append(v, r.IOPS)
+				}
+			}
+		}
+		return benchkit.Median(v)
+	}
+	for _, sc := range []struct {
+		name string
+		jobs []string
+	}{{"full", fullJobs}, {"fresh", freshJobs}} {
+		for _, j := range sc.jobs {
+			m, t := get("memory", sc.name, j, false), get("thin", sc.name, j, false)
+			fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %.2fx | %s | %.1f | %.1f |\n", sc.name, j, m, t, t/m, yes(t/m >= 0.9),
+				get("memory", sc.name, j, true), get("thin", sc.name, j, true))
+		}
+	}
+	var ms []float64
+	for _, s := range snaps {
+		ms = append(ms, s.Ms)
+	}
+	if len(cow) > 0 {
+		c, p := benchkit.Median(cow), benchkit.Median(plain)
+		fmt.Fprintf(&b, "\nCopy on write (thin, 4K QD16, each write to another 64 KiB cluster of a 2 GiB volume written in full):"+
+			" right after a snapshot %.0f IOPS, the same writes again %.0f IOPS: a first write to a shared cluster costs "+
+			"%.2fx a plain write (target <= 3x: %s).\n", c, p, p/c, yes(p/c <= 3))
+		fmt.Fprintf(&b, "\nSnapshots of the served 2 GiB volume through the control socket: median %.2f ms, worst %.2f ms "+
+			"(target <= 10 ms: %s).\n", benchkit.Median(ms), slices.Max(ms), yes(slices.Max(ms) <= 10))
+	}
+	var hw []int64
+	for _, r := range results {
+		if r.System == "thin" {
+			hw = append(hw, r.HWMKiB)
+		}
+	}
+	if len(hw) > 0 {
+		fmt.Fprintf(&b, "\nrtarget (thin) VmHWM over these jobs: at most %d MiB.\n", slices.Max(hw)>>10)
+	}
+	if err := os.WriteFile(filepath.Join(o.out, "store-report.md"), []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	fmt.Print(b.String())
+	return nil
+}
+
+func yes(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}

@@ -1,0 +1,7 @@
+//go:build race
+
+package store_test
+
+// modelSteps is the length of the model tests: shorter under the race
+// detector, which slows them tenfold.
+const modelSteps = 120

@@ -103,7 +103,8 @@ func (s *crashSnaps) run(ctx context.Context, m *crashModel, c *initiator.Client
 	s.mu.Lock()
 	for _, cl := range s.clones {
 		wg.Add(1)
-		go func() { defer wg.Done(); cl.write(ctx, stop, rng.Uint64()) }()
+		seed := rng.Uint64() // drawn here: rng belongs to this goroutine
+		go func() { defer wg.Done(); cl.write(ctx, stop, seed) }()
 	}
 	s.mu.Unlock()
 	for {
@@ -121,7 +122,8 @@ func (s *crashSnaps) run(ctx context.Context, m *crashModel, c *initiator.Client
 		case r < 7:
 			if cl := s.clone(ctx, rng); cl != nil {
 				wg.Add(1)
-				go func() { defer wg.Done(); cl.write(ctx, stop, rng.Uint64()) }()
+				seed := rng.Uint64()
+				go func() { defer wg.Done(); cl.write(ctx, stop, seed) }()
 			}
 		default:
 			s.deleteOne(rng)

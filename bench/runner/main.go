@@ -128,6 +128,9 @@ type report struct {
 	RSS      []RSS     `json:"rss"`
 	Idle     []Idle    `json:"idle"`
 	Versions []string  `json:"versions"`
+	// Load is /proc/loadavg when the run started and when it ended: how
+	// busy the (shared) machine was.
+	Load [2]string `json:"loadavg"`
 }
 
 func run(ctx context.Context, o options, log *slog.Logger) error {
@@ -163,7 +166,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 		return errors.New("no systems selected")
 	}
 	host, _ := os.Hostname()
-	rep := report{Started: time.Now().UTC(), Host: host, CPUs: numCPU(),
+	rep := report{Started: time.Now().UTC(), Host: host, CPUs: numCPU(), Load: [2]string{loadavg()},
 		Options: fmt.Sprintf("reps=%d runtime=%ds ramp=%ds region=%s size=%s, rinit and rtarget %s", o.reps, o.runtime,
 			o.ramp, o.region, o.size, cpusText(o.cpus)),
 		Versions: versions()}
@@ -180,6 +183,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 			rep.Idle = append(rep.Idle, idle...)
 		}
 	}
+	rep.Load[1] = loadavg()
 	b, _ := json.MarshalIndent(rep, "", "  ")
 	if err := os.WriteFile(filepath.Join(o.out, "results.json"), b, 0o644); err != nil {
 		return err
@@ -206,7 +210,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	if err := plots(rep, jobs, systems, o.out); err != nil {
 		return fmt.Errorf("plots: %w", err)
 	}
-	fmt.Printf("\n%s\n\n%s\n%s\n%s\n%s\n", rep.Options, targetTable(rep), idleTable(rep), microTable(micro),
+	fmt.Printf("\n%s; load average %s -> %s\n\n%s\n%s\n%s\n%s\n", rep.Options, rep.Load[0], rep.Load[1], targetTable(rep), idleTable(rep), microTable(micro),
 		"report: "+filepath.Join(o.out, "report.md"))
 	log.Info("done", "report", filepath.Join(o.out, "report.md"))
 	return nil
@@ -217,6 +221,16 @@ func cpusText(cpus int) string {
 		return "with default flags"
 	}
 	return "--cpus " + strconv.Itoa(cpus)
+}
+
+// loadavg is the 1, 5 and 15 minute load averages.
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 func numCPU() int {
@@ -822,7 +836,7 @@ func trimPprof(s string) string {
 
 // engineBench selects the engine's benchmark pairs (ours, then raw Go TCP
 // doing the same on the same loopback) and the message and atomic rates.
-const engineBench = "^(BenchmarkWriteStream|BenchmarkTCPStream|BenchmarkTCPStreamZerocopy|BenchmarkRead4K|BenchmarkTCPPingPong4K|BenchmarkSendRecv|BenchmarkFetchAdd)$"
+const engineBench = "^(BenchmarkWriteStream|BenchmarkTCPStream|BenchmarkTCPSendmsg|BenchmarkRead4K|BenchmarkTCPPingPong4K|BenchmarkSendRecv|BenchmarkFetchAdd)$"
 
 // microBenchmarks runs the Go benchmarks the report quotes: the engine's
 // pairs three times over (each run has every pair side by side, so drift

@@ -157,7 +157,7 @@ func microTable(out string) string {
 	for _, p := range []struct{ ours, peer, goal string }{
 		{microRead, microTCP, "<= 1.1x"},
 		{"BenchmarkWriteStream", "BenchmarkTCPStream", "not slower than before"},
-		{"BenchmarkTCPStreamZerocopy", "BenchmarkTCPStream", "(MSG_ZEROCOPY: used only if < 1x)"},
+		{"BenchmarkTCPSendmsg/zerocopy", "BenchmarkTCPSendmsg/copy", "(MSG_ZEROCOPY: used only if < 1x)"},
 	} {
 		o, q := med[p.ours], med[p.peer]
 		if o == 0 || q == 0 {

@@ -357,9 +357,8 @@ func CheckEnvVars(app *cli.App, envPrefix string) []string {
 // (GOMAXPROCS).
 func CPUsFlag(envPrefix string) cli.Flag {
 	return &cli.IntFlag{Name: "cpus", Value: 0, EnvVars: []string{envPrefix + "CPUS"},
-		Usage: "run on at most `N` CPUs at once (GOMAXPROCS; 0: all). On a host whose CPUs are busy with other " +
-			"work (the application, fio, a co-located target), 1 or 2 costs less CPU per I/O: the engine's goroutines " +
-			"hand work to each other without waking idle threads"}
+		Usage: "run on at most `N` CPUs at once (GOMAXPROCS; 0: all): a cap leaves the other CPUs to other work " +
+			"(the application, fio, a co-located target)"}
 }
 
 // ApplyCPUs applies --cpus.

@@ -193,8 +193,12 @@ func (t *Target) Shutdown(ctx context.Context) error {
 	}
 	t.mu.Lock()
 	t.closed = true
+	// Each volume is flushed under a reference of Shutdown's own: a session
+	// ending meanwhile (its initiator gone) must not close the handle while
+	// the flush runs on it.
 	vols := make([]*volume, 0, len(t.vols))
 	for _, v := range t.vols {
+		v.refs++
 		vols = append(vols, v)
 	}
 	sess := make([]*session, 0, len(t.sessions))
@@ -212,6 +216,9 @@ func (t *Target) Shutdown(ctx context.Context) error {
 				err = errors.Join(err, fmt.Errorf("target: shutdown: flushing %q: %w", v.name, ferr))
 			}
 		}
+	}
+	for _, v := range vols {
+		t.releaseVolume(v)
 	}
 	for _, c := range pend {
 		c.kill()

@@ -187,7 +187,7 @@
 // Data files are never mapped: the page cache holds their pages outside
 // the process. The process holds the maps of open volumes (8 bytes per
 // mapped cluster, in pages of 512 entries), the batch (at most 64K
-// changes of 56 bytes), a clone's cache of its origin, and badger (4 MiB
+// changes of 56 bytes), a clone's cache of its origin, and badger (8 MiB
 // memtables, 1 MiB tables, no block cache).
 //
 // # Migration from v1

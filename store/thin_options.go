@@ -24,7 +24,7 @@ type ThinOptions struct {
 	// CommitInterval bounds how long map changes of writes not yet flushed
 	// stay in memory before they are committed anyway; 0 means one second.
 	CommitInterval time.Duration
-	// MemTableSize is the size of one badger memtable; 0 means 4 MiB.
+	// MemTableSize is the size of one badger memtable; 0 means 8 MiB.
 	MemTableSize int64
 }
 

@@ -37,7 +37,7 @@ func serveCommand() *cli.Command {
 	flags = append(flags, nvmfFlags()...)
 	flags = append(flags, storeFlags()...)
 	flags = append(flags, clix.LogFlags("RTARGET_")...)
-	flags = append(flags, clix.ProfileFlag("RTARGET_"), clix.CPUsFlag("RTARGET_"))
+	flags = append(flags, clix.ProfileFlag("RTARGET_"), clix.CPUsFlag("RTARGET_"), memoryLimitFlag())
 	// The --volume values of the command line and RTARGET_VOLUME, before
 	// --config adds its lines: SIGHUP needs them apart from the file's.
 	var given []string
@@ -209,6 +209,9 @@ func runServe(c *cli.Context, given []string) error {
 	}
 	ctx, stop := context.WithCancel(c.Context)
 	defer stop()
+	if _, err := startMemoryGovernor(ctx, c.String("memory-limit"), log); err != nil {
+		return err
+	}
 	st, err := openStore(c, log, true)
 	if err != nil {
 		return err

@@ -22,15 +22,6 @@ import (
 	"github.com/rnic-dev/rnic/initiator/nbd"
 )
 
-// The NBD server finds the client's fast paths by type assertion: these
-// make a drifted signature a build error rather than a silent fall back to
-// the blocking path.
-var (
-	_ nbd.AsyncBackend  = (*initiator.Client)(nil)
-	_ nbd.Plugger       = (*initiator.Client)(nil)
-	_ nbd.BlockStatuser = (*initiator.Client)(nil)
-)
-
 func nbdCommand() *cli.Command {
 	flags := append(sessionFlags(), clix.ProfileFlag("RINIT_"), clix.CPUsFlag("RINIT_"),
 		&cli.StringFlag{Name: "listen", Value: "127.0.0.1:10809", Usage: "NBD listen address HOST:PORT or unix:PATH (a stale socket at PATH is replaced; " +

@@ -288,8 +288,15 @@ func (t *Target) openVolume(ctx context.Context, name string) (*volume, error) {
 		go func() {
 			select {
 			case <-f.Fenced():
-				t.storeFailed(vol, fmt.Errorf("%w (found by the store)", store.ErrFenced))
 			case <-vol.done:
+			}
+			// Fenced wins a tie: the last session may end (its initiator
+			// moved to the target that took over) just after the store
+			// found the volume fenced and before this goroutine ran.
+			select {
+			case <-f.Fenced():
+				t.storeFailed(vol, fmt.Errorf("%w (found by the store)", store.ErrFenced))
+			default:
 			}
 		}()
 	}

@@ -63,13 +63,10 @@ func (b *thinBackend) batchLen() int {
 }
 
 // commit is the function behind the sync group (Flush, FUA, Sync and the
-// periodic commit share its runs): data files first, then the batch. The
-// sync group runs one commit at a time; metaMu is taken only for the
-// database's part, so a catalog change (a snapshot's record) does not wait
-// for the data files' sync. Such a change can then reach the database
-// between the batch's swap and its transactions: the batch's ops follow
-// it, as they do when it comes before the swap (see createSnapshot).
+// periodic commit share its runs): data files first, then the batch.
 func (b *thinBackend) commit() error {
+	b.metaMu.Lock()
+	defer b.metaMu.Unlock()
 	if err := b.checkFailed(); err != nil {
 		return err
 	}
@@ -86,8 +83,6 @@ func (b *thinBackend) commit() error {
 	if _, err := b.pool.sync(); err != nil {
 		return b.fail(err)
 	}
-	b.metaMu.Lock()
-	defer b.metaMu.Unlock()
 	if bt.empty() {
 		b.syncs.Add(1)
 		return nil

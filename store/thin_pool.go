@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -25,36 +26,8 @@ type dataPool struct {
 }
 
 type dataFile struct {
-	fd int
-
-	mu     sync.Mutex
-	dirty  bool  // written or punched since its last fdatasync
-	lo, hi int64 // the bytes written since then lie in [lo, hi)
-	n      int64 // how many were written
-}
-
-// wrote records n bytes written at pos (0: a punch, no data).
-func (f *dataFile) wrote(pos, n int64) {
-	f.mu.Lock()
-	switch {
-	case n == 0:
-	case f.n == 0:
-		f.lo, f.hi = pos, pos+n
-	default:
-		f.lo, f.hi = min(f.lo, pos), max(f.hi, pos+n)
-	}
-	f.n += n
-	f.dirty = true
-	f.mu.Unlock()
-}
-
-// take returns what wrote recorded and starts again from nothing.
-func (f *dataFile) take() (dirty bool, lo, hi, n int64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	dirty, lo, hi, n = f.dirty, f.lo, f.hi, f.n
-	f.dirty, f.lo, f.hi, f.n = false, 0, 0, 0
-	return dirty, lo, hi, n
+	fd    int
+	dirty atomic.Bool // written since its last fdatasync
 }
 
 // dataFileBytes is the size a data file grows to before the next begins.
@@ -139,7 +112,6 @@ func (p *dataPool) writeAt(src []byte, c uint64, off int64) error {
 	if int64(len(src)) > room {
 		return fmt.Errorf("write of %d bytes at cluster %d crosses a data file: %w", len(src), c, ErrInvalid)
 	}
-	start, size := pos, int64(len(src))
 	for len(src) > 0 {
 		// At most up to the next writeChunk boundary per pwrite: see
 		// writeChunk.
@@ -153,7 +125,7 @@ func (p *dataPool) writeAt(src []byte, c uint64, off int64) error {
 		}
 		src, pos = src[n:], pos+int64(n)
 	}
-	f.wrote(start, size)
+	f.dirty.Store(true)
 	return nil
 }
 
@@ -187,7 +159,7 @@ func (p *dataPool) punch(c uint64, off, n int64) error {
 	if err != nil {
 		return fmt.Errorf("punch data file %d at %d (%d bytes): %w", c>>p.fileShift, pos, n, err)
 	}
-	f.wrote(pos, 0)
+	f.dirty.Store(true)
 	return nil
 }
 
@@ -204,79 +176,23 @@ func (p *dataPool) punchClusters(start, end uint64) error {
 }
 
 // sync fdatasyncs every file written since its last sync. It reports
-// whether any was. More than flushPiece bytes written go to the disk first
-// in pieces of flushPiece, each waited for: one fdatasync of hundreds of
-// MiB puts them all in the device's queue at once, and a small fsync
-// queued behind them (the metadata's, for a snapshot or a Flush of
-// another volume) waits for all of them; behind a piece it waits for that
-// piece alone. The fdatasync after the pieces is what makes the data
-// durable (it also writes what came meanwhile and flushes the device's
-// cache).
+// whether any was.
 func (p *dataPool) sync() (bool, error) {
 	p.mu.Lock()
 	files := append([]*dataFile(nil), p.files...)
 	p.mu.Unlock()
 	synced := false
 	for i, f := range files {
-		if f == nil {
-			continue
-		}
-		dirty, lo, hi, n := f.take()
-		if !dirty {
+		if f == nil || !f.dirty.Swap(false) {
 			continue
 		}
 		synced = true
-		err := f.writeOut(lo, hi, n)
-		if err == nil {
-			err = unix.Fdatasync(f.fd)
-		}
-		if err != nil {
-			f.wrote(lo, hi-lo)
+		if err := unix.Fdatasync(f.fd); err != nil {
+			f.dirty.Store(true)
 			return synced, fmt.Errorf("fdatasync data file %d: %w", i, err)
 		}
 	}
 	return synced, nil
-}
-
-// dirtyBytes returns the bytes written to the data files since their last
-// sync.
-func (p *dataPool) dirtyBytes() int64 {
-	p.mu.Lock()
-	files := append([]*dataFile(nil), p.files...)
-	p.mu.Unlock()
-	var n int64
-	for _, f := range files {
-		if f != nil {
-			f.mu.Lock()
-			n += f.n
-			f.mu.Unlock()
-		}
-	}
-	return n
-}
-
-// flushPiece is the most sync writes out at once (see sync).
-const flushPiece = 8 << 20
-
-// writeOut writes the dirty pages of [lo, hi) to the disk in pieces of
-// flushPiece and waits for them, when n bytes written there are more than
-// one piece.
-func (f *dataFile) writeOut(lo, hi, n int64) error {
-	if n <= flushPiece {
-		return nil
-	}
-	const flags = unix.SYNC_FILE_RANGE_WAIT_BEFORE | unix.SYNC_FILE_RANGE_WRITE | unix.SYNC_FILE_RANGE_WAIT_AFTER
-	for off := lo; off < hi; {
-		k := min(hi-off, flushPiece)
-		if err := unix.SyncFileRange(f.fd, off, k, flags); err != nil {
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			return fmt.Errorf("sync_file_range at %d: %w", off, err)
-		}
-		off += k
-	}
-	return nil
 }
 
 // truncate cuts the data files to high clusters: what lies beyond was
@@ -316,7 +232,7 @@ func (p *dataPool) truncate(high uint64) error {
 			if err := unix.Ftruncate(f.fd, size); err != nil {
 				return fmt.Errorf("data files: truncate %s: %w", path, err)
 			}
-			f.wrote(size, 0)
+			f.dirty.Store(true)
 		}
 	}
 	return fsyncPath(p.dir)

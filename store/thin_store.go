@@ -363,11 +363,7 @@ func (b *thinBackend) syncMeta() error {
 	return syncBadgerDir(filepath.Join(b.dir, thinMetaDir))
 }
 
-// maintain commits the write batch every CommitInterval, and syncs the
-// data files when more than a piece was written to them meanwhile (writes
-// in place change no map): else the kernel writes out gigabytes of them at
-// once when its dirty limits are reached, and a metadata fsync (a
-// snapshot's) waits behind all of that.
+// maintain commits the write batch every CommitInterval.
 func (b *thinBackend) maintain(ctx context.Context) {
 	defer close(b.done)
 	t := time.NewTicker(b.opts.CommitInterval)
@@ -379,7 +375,7 @@ func (b *thinBackend) maintain(ctx context.Context) {
 		case <-t.C:
 		case <-b.kick:
 		}
-		if b.batchLen() > 0 || b.pool.dirtyBytes() > flushPiece {
+		if b.batchLen() > 0 {
 			if err := b.committer.Sync(ctx); err != nil && ctx.Err() == nil {
 				b.log.Error("periodic commit", "err", err)
 			}

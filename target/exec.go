@@ -64,8 +64,10 @@ func (c *conn) execute(s *slot) {
 			st = storeStatus(err)
 			c.log.Error("flush failed", "volume", c.sess.vol.name, "err", err)
 		}
-		c.answer(s, st, 0, "")
+		// Counted before the answer, so that whoever sees the answer
+		// sees the count (the tests read the metrics right after).
 		c.t.m.done(OpFlush, s.began, st != blockproto.StatusOK)
+		c.answer(s, st, 0, "")
 	case blockproto.OpTrim, blockproto.OpWriteZeroes:
 		c.doDiscard(s, m)
 	case blockproto.OpBlockStatus:
@@ -167,8 +169,8 @@ func (c *conn) doWriteReq(s *slot, m blockproto.Command) {
 		st = blockproto.StatusReadOnly
 	}
 	if st != blockproto.StatusOK {
-		c.answer(s, st, 0, "")
 		c.t.m.done(OpWrite, s.began, true)
+		c.answer(s, st, 0, "")
 		return
 	}
 	head := off % blk
@@ -227,11 +229,11 @@ func (c *conn) doWrite(s *slot, m blockproto.Command) {
 		return // not answered: replayed at the target that took over
 	}
 	c.noteMutation(st)
-	c.answer(s, st, chk.value, chk.detail)
 	if st == blockproto.StatusOK {
 		c.t.m.BytesWrit.Add(uint64(n))
 	}
 	c.t.m.done(OpWrite, s.began, st != blockproto.StatusOK)
+	c.answer(s, st, chk.value, chk.detail)
 }
 
 func (c *conn) noteMutation(st blockproto.Status) {
@@ -307,8 +309,8 @@ func (c *conn) doDiscard(s *slot, m blockproto.Command) {
 		return // not answered: replayed at the target that took over
 	}
 	c.noteMutation(chk.status)
-	c.answer(s, chk.status, chk.value, chk.detail)
 	c.t.m.done(kind, s.began, chk.status != blockproto.StatusOK)
+	c.answer(s, chk.status, chk.value, chk.detail)
 }
 
 // discard trims (whole blocks only) or zeroes a range.

@@ -29,6 +29,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/rnic-dev/rnic/internal/benchkit"
 )
 
 type options struct {
@@ -393,37 +395,13 @@ func waitListen(port int, procs []*proc) error {
 	return fmt.Errorf("nothing listens on port %d after 30 s: %s", port, procs[0].tail())
 }
 
-// fio runs one job file against uri and parses its JSON output.
+// fio runs one job file against uri.
 func fio(ctx context.Context, jobFile, uri string, o options) (Result, error) {
-	cmd := exec.CommandContext(ctx, "fio", "--output-format=json", jobFile)
-	cmd.Env = append(os.Environ(), "NBD_URI="+uri, "REGION="+o.region,
+	j, err := benchkit.RunFio(ctx, jobFile, "NBD_URI="+uri, "REGION="+o.region,
 		"RUNTIME="+strconv.Itoa(o.runtime), "RAMP="+strconv.Itoa(o.ramp))
-	out, err := cmd.Output()
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return Result{}, fmt.Errorf("fio %s: %v\n%s", jobFile, err, ee.Stderr)
-		}
-		return Result{}, fmt.Errorf("fio %s: %w", jobFile, err)
+	if err != nil && j.Error == 0 {
+		return Result{}, err
 	}
-	// fio may print warnings before the JSON document.
-	if i := strings.IndexByte(string(out), '{'); i > 0 {
-		out = out[i:]
-	}
-	var doc struct {
-		Jobs []struct {
-			Error int    `json:"error"`
-			Read  fioDir `json:"read"`
-			Write fioDir `json:"write"`
-		} `json:"jobs"`
-	}
-	if err := json.Unmarshal(out, &doc); err != nil {
-		return Result{}, fmt.Errorf("fio %s: parse JSON: %w", jobFile, err)
-	}
-	if len(doc.Jobs) == 0 {
-		return Result{}, fmt.Errorf("fio %s: no jobs in output", jobFile)
-	}
-	j := doc.Jobs[0]
 	r := Result{ReadIOPS: j.Read.IOPS, WriteIOPS: j.Write.IOPS, ReadMBps: float64(j.Read.BwBytes) / 1e6,
 		WriteMBps: float64(j.Write.BwBytes) / 1e6, Errors: j.Error}
 	// Total latency (submission to completion) where the job asks for its
@@ -444,21 +422,7 @@ func fio(ctx context.Context, jobFile, uri string, o options) (Result, error) {
 			}
 		}
 	}
-	if r.Errors != 0 {
-		return r, fmt.Errorf("fio %s: job error %d", jobFile, r.Errors)
-	}
-	return r, nil
-}
-
-type fioDir struct {
-	IOPS    float64 `json:"iops"`
-	BwBytes int64   `json:"bw_bytes"`
-	Clat    struct {
-		Percentile map[string]float64 `json:"percentile"`
-	} `json:"clat_ns"`
-	Lat struct {
-		Percentile map[string]float64 `json:"percentile"`
-	} `json:"lat_ns"`
+	return r, err // err: the job reported an error (r says which)
 }
 
 func runSystem(ctx context.Context, sys system, jobs []string, rep int, o options, work string, log *slog.Logger) ([]Result, []RSS, []Idle, error) {

@@ -24,19 +24,37 @@ type Rate struct {
 	IOPS, MBps float64
 }
 
-// Fio runs a fio job file with the given environment (NBD_URI, REGION,
-// RUNTIME, RAMP and what the job names) and returns its rate; a job that
-// reports an error fails.
-func Fio(ctx context.Context, job string, env ...string) (Rate, error) {
+// FioJob is the first job of a fio run's JSON report.
+type FioJob struct {
+	Error       int    `json:"error"`
+	Read, Write FioDir `json:"-"`
+}
+
+// FioDir is one direction of a FioJob.
+type FioDir struct {
+	IOPS    float64 `json:"iops"`
+	BwBytes int64   `json:"bw_bytes"`
+	Clat    struct {
+		Percentile map[string]float64 `json:"percentile"`
+	} `json:"clat_ns"`
+	Lat struct {
+		Percentile map[string]float64 `json:"percentile"`
+	} `json:"lat_ns"`
+}
+
+// RunFio runs a fio job file with the given environment (NBD_URI, REGION,
+// RUNTIME, RAMP and what the job names) and returns its report; a job
+// that reports an error fails, with the report.
+func RunFio(ctx context.Context, job string, env ...string) (FioJob, error) {
 	cmd := exec.CommandContext(ctx, "fio", "--output-format=json", job)
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
-			return Rate{}, fmt.Errorf("fio %s: %w\n%s", job, err, ee.Stderr)
+			return FioJob{}, fmt.Errorf("fio %s: %w\n%s", job, err, ee.Stderr)
 		}
-		return Rate{}, fmt.Errorf("fio %s: %w", job, err)
+		return FioJob{}, fmt.Errorf("fio %s: %w", job, err)
 	}
 	// fio may print warnings before the JSON document.
 	if i := bytes.IndexByte(out, '{'); i > 0 {
@@ -44,23 +62,29 @@ func Fio(ctx context.Context, job string, env ...string) (Rate, error) {
 	}
 	var doc struct {
 		Jobs []struct {
-			Error int `json:"error"`
-			Read  struct {
-				IOPS    float64 `json:"iops"`
-				BwBytes int64   `json:"bw_bytes"`
-			} `json:"read"`
-			Write struct {
-				IOPS    float64 `json:"iops"`
-				BwBytes int64   `json:"bw_bytes"`
-			} `json:"write"`
+			Error int    `json:"error"`
+			Read  FioDir `json:"read"`
+			Write FioDir `json:"write"`
 		} `json:"jobs"`
 	}
-	if err := json.Unmarshal(out, &doc); err != nil || len(doc.Jobs) == 0 {
-		return Rate{}, fmt.Errorf("fio %s: output: %v", job, err)
+	if err := json.Unmarshal(out, &doc); err != nil {
+		return FioJob{}, fmt.Errorf("fio %s: parse JSON: %w", job, err)
 	}
-	j := doc.Jobs[0]
+	if len(doc.Jobs) == 0 {
+		return FioJob{}, fmt.Errorf("fio %s: no jobs in output", job)
+	}
+	j := FioJob{Error: doc.Jobs[0].Error, Read: doc.Jobs[0].Read, Write: doc.Jobs[0].Write}
 	if j.Error != 0 {
-		return Rate{}, fmt.Errorf("fio %s: job error %d", job, j.Error)
+		return j, fmt.Errorf("fio %s: job error %d", job, j.Error)
+	}
+	return j, nil
+}
+
+// Fio runs a fio job file as RunFio does and returns its rate.
+func Fio(ctx context.Context, job string, env ...string) (Rate, error) {
+	j, err := RunFio(ctx, job, env...)
+	if err != nil {
+		return Rate{}, err
 	}
 	return Rate{IOPS: j.Read.IOPS + j.Write.IOPS, MBps: float64(j.Read.BwBytes+j.Write.BwBytes) / 1e6}, nil
 }

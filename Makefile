@@ -48,6 +48,9 @@ test: deps vet
 	# The engine and the initiator again without the race detector, three
 	# times: its slowdown hides timing-dependent failures (about 1.5 min).
 	$(GO) test -count=3 -timeout 20m ./rnic/... ./initiator/...
+	# The steady-state allocation test skips itself under -race (the
+	# detector allocates on its own): here it runs.
+	$(GO) test -count=1 -run '^TestNBDSteadyStateAllocs$$' ./cmd/rinit
 	GO=$(GO) ./.ci/ceph-test
 	# The exhaustive CRC32c kernel checks, without the race detector (it
 	# instruments none of the assembly and slows the Go kernel tenfold).

@@ -221,4 +221,11 @@ type Volume interface {
 	// memory (they never wait for I/O), so a caller may run them where it
 	// must not block for long.
 	InMemory() bool
+	// TryReadBlocks is ReadBlocks for a caller that must not block (a
+	// completion handler): it reads only what needs no I/O and no wait
+	// for a lock (blocks in memory or in the page cache), and reports
+	// whether it read all of dst. When it did not, dst holds anything and
+	// the caller uses ReadBlocks, which also reports the errors
+	// TryReadBlocks leaves alone (range, closed handle, I/O errors).
+	TryReadBlocks(lba uint64, dst []byte) bool
 }

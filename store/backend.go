@@ -47,6 +47,13 @@ type backend interface {
 // blockDevice is the block array of one open volume handle. Arguments are
 // already checked: buffers are whole blocks and ranges lie inside the
 // volume.
+// tryReader is a blockDevice that can read without blocking: tryRead
+// reads all of dst when that needs no I/O and no wait for a lock, and
+// reports whether it did (see Volume.TryReadBlocks).
+type tryReader interface {
+	tryRead(lba uint64, dst []byte) bool
+}
+
 type blockDevice interface {
 	// blocks is the volume's current size in blocks.
 	blocks() uint64

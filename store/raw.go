@@ -141,6 +141,21 @@ func (d *rawDevice) read(_ context.Context, lba uint64, dst []byte) error {
 	return nil
 }
 
+// tryRead reads a request within one lock stripe that no writer holds,
+// from the page cache only.
+func (d *rawDevice) tryRead(lba uint64, dst []byte) bool {
+	first, last := lba/rawLockBlocks, (lba+uint64(len(dst))/BlockSize-1)/rawLockBlocks
+	if first != last {
+		return false
+	}
+	l := &d.locks[first%numClusterLocks]
+	if !l.TryRLock() {
+		return false
+	}
+	defer l.RUnlock()
+	return preadNoWait(d.fd, dst, int64(lba)*BlockSize)
+}
+
 func (d *rawDevice) write(ctx context.Context, lba uint64, src []byte, fua bool) error {
 	l := d.lock(lba, uint64(len(src))/BlockSize, true)
 	pos := int64(lba) * BlockSize

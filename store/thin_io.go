@@ -45,6 +45,34 @@ func (d *thinDevice) read(_ context.Context, lba uint64, dst []byte) error {
 	return nil
 }
 
+// tryRead reads a request within one cluster when the cluster is not
+// locked by a writer and its data is in the page cache (preadv2 with
+// RWF_NOWAIT), or it is a hole; a clone's origin is left to read, which
+// may look it up in the database.
+func (d *thinDevice) tryRead(lba uint64, dst []byte) bool {
+	v := d.v
+	first, last := v.clusterRange(lba, uint64(len(dst)))
+	if first != last || !v.ioLock.TryRLock() {
+		return false
+	}
+	defer v.ioLock.RUnlock()
+	l := &v.locks[first%numClusterLocks]
+	if !l.TryRLock() {
+		return false
+	}
+	defer l.RUnlock()
+	c, off, _ := v.span(lba, len(dst))
+	e := v.m.get(c)
+	switch p := e.phys(); {
+	case p != 0:
+		return v.b.pool.tryReadAt(dst, p, off)
+	case e.hole() || v.origin == nil:
+		clear(dst)
+		return true
+	}
+	return false
+}
+
 func (v *thinVol) readLocked(lba uint64, dst []byte) error {
 	b := v.b
 	for len(dst) > 0 {
@@ -184,7 +212,7 @@ func (v *thinVol) allocWhole(c, n uint64, src []byte) error {
 			return err
 		}
 		k := got * uint64(b.cs)
-		if err := b.pool.writeAt(src[:k], p, 0); err != nil {
+		if err := b.pool.writeNew(src[:k], p, 0); err != nil {
 			for i := range got {
 				b.unalloc(p+i, fromFree)
 			}
@@ -233,11 +261,11 @@ func (v *thinVol) cow(c uint64, e entry, off int64, data []byte, n int) error {
 			} else {
 				copy(buf[off:], data)
 			}
-			err = b.pool.writeAt(buf, p, 0)
+			err = b.pool.writeNew(buf, p, 0)
 		}
 		b.bufs.Put(bufp)
 	case data != nil:
-		err = b.pool.writeAt(data, p, off) // the rest of a new cluster is a hole
+		err = b.pool.writeNew(data, p, off) // the rest of a new cluster is a hole
 	}
 	if err != nil {
 		b.unalloc(p, fromFree)

@@ -88,6 +88,8 @@ type thinBackend struct {
 
 	stop context.CancelFunc
 	done chan struct{}
+	// wbDone is closed when the data pool's writeback loop has stopped.
+	wbDone chan struct{}
 }
 
 // OpenThin opens (creating if needed) the thin store in directory dir: the
@@ -135,15 +137,16 @@ func openThinBackend(dir string, opts ThinOptions) (*thinBackend, error) {
 		return nil, fmt.Errorf("badger: %w", err)
 	}
 	b := &thinBackend{
-		dir:  dir,
-		opts: opts,
-		log:  opts.Logger.With("component", "store", "dir", dir),
-		db:   db,
-		lock: lock,
-		vols: make(map[uint32]*thinVol),
-		raws: make(map[uint32]*rawDevice),
-		done: make(chan struct{}),
-		kick: make(chan struct{}, 1),
+		dir:    dir,
+		opts:   opts,
+		log:    opts.Logger.With("component", "store", "dir", dir),
+		db:     db,
+		lock:   lock,
+		vols:   make(map[uint32]*thinVol),
+		raws:   make(map[uint32]*rawDevice),
+		done:   make(chan struct{}),
+		wbDone: make(chan struct{}),
+		kick:   make(chan struct{}, 1),
 	}
 	if err := b.start(); err != nil {
 		errs := []error{err, db.Close(), lock.unlock()}
@@ -155,6 +158,10 @@ func openThinBackend(dir string, opts ThinOptions) (*thinBackend, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	b.stop = cancel
 	go b.maintain(ctx)
+	go func() {
+		defer close(b.wbDone)
+		b.pool.writeback(ctx)
+	}()
 	return b, nil
 }
 
@@ -391,6 +398,7 @@ func (b *thinBackend) sync(ctx context.Context) error { return b.committer.Sync(
 func (b *thinBackend) close() error {
 	b.stop()
 	<-b.done
+	<-b.wbDone
 	errCommit := b.committer.Sync(context.Background())
 	var errMark error
 	if errCommit == nil && b.failed.Load() == nil {

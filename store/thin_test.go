@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -75,5 +76,34 @@ func TestThinModel(t *testing.T) {
 				Steps: modelSteps,
 			})
 		})
+	}
+}
+
+// TestThinTryReadAllocs: TryReadBlocks, the completion handler's read,
+// allocates nothing.
+func TestThinTryReadAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	st := openThin(t)
+	defer st.Close()
+	ctx := context.Background()
+	if _, err := st.CreateVolume(ctx, "al", 1<<20, store.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := st.OpenVolume(ctx, "al")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	buf := make([]byte, store.BlockSize)
+	if err := v.WriteBlocks(ctx, 3, buf, false); err != nil {
+		t.Fatal(err)
+	}
+	if !v.TryReadBlocks(3, buf) {
+		t.Fatal("TryReadBlocks of a block just written (in the page cache) did not read it")
+	}
+	if n := testing.AllocsPerRun(100, func() { v.TryReadBlocks(3, buf) }); n != 0 {
+		t.Fatalf("TryReadBlocks allocates %v times per call", n)
 	}
 }

@@ -95,6 +95,18 @@ func (v *volume) ReadBlocks(ctx context.Context, lba uint64, dst []byte) error {
 	return nil
 }
 
+func (v *volume) TryReadBlocks(lba uint64, dst []byte) bool {
+	tr, ok := v.dev.(tryReader)
+	if !ok || len(dst) == 0 || len(dst)%BlockSize != 0 || !v.mu.TryRLock() {
+		return false
+	}
+	defer v.mu.RUnlock()
+	if v.closed || checkRange(lba, uint64(len(dst)/BlockSize), v.dev.blocks()) != nil {
+		return false
+	}
+	return tr.tryRead(lba, dst)
+}
+
 func (v *volume) WriteBlocks(ctx context.Context, lba uint64, src []byte, fua bool) error {
 	count, err := bufBlocks(len(src))
 	if err != nil {

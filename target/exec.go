@@ -155,6 +155,12 @@ func (c *conn) doReadInline(s *slot, m blockproto.Command) {
 		c.answer(s, storeStatus(err), 0, err.Error())
 		return
 	}
+	c.sendInlineRead(s, area, n)
+}
+
+// sendInlineRead answers an inline READ whose n bytes of data are in the
+// slot's DATA area.
+func (c *conn) sendInlineRead(s *slot, area []byte, n uint32) {
 	// The counters first: the DATA frees the slot.
 	c.t.m.InlineReads.Add(1)
 	c.t.m.BytesRead.Add(uint64(n))

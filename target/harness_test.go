@@ -45,8 +45,13 @@ type rig struct {
 
 func newRig(t *testing.T, mod func(*Config)) *rig {
 	t.Helper()
+	return newRigOn(t, store.NewMemory(), mod)
+}
+
+// newRigOn is newRig on store st (closed with the rig).
+func newRigOn(t *testing.T, st store.Store, mod func(*Config)) *rig {
+	t.Helper()
 	ctx := context.Background()
-	st := store.NewMemory()
 	if _, err := st.CreateVolume(ctx, "vol0", volSize, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -73,6 +73,7 @@ type Metrics struct {
 	GrantsIssued  atomic.Uint64 // write grants advertised
 	TwoStepWrites atomic.Uint64 // writes through WRITE_REQ
 	InlineReads   atomic.Uint64 // READs answered with DATA
+	ReadsHere     atomic.Uint64 // of those, answered by the completion handler (readHere)
 }
 
 func (m *Metrics) done(k OpKind, start time.Time, failed bool) {

@@ -175,6 +175,10 @@ func (c *conn) onRecv(wc *rnic.WC) error {
 		c.t.end()
 		return nil
 	}
+	if c.readHere(s) {
+		c.t.end()
+		return nil
+	}
 	s.wake <- struct{}{}
 	return nil
 }
@@ -201,6 +205,28 @@ func (c *conn) runsHere(s *slot) bool {
 		return s.grant != nil
 	}
 	return false
+}
+
+// readHere answers an inline READ of whole blocks from the completion
+// handler when the store has them at hand (TryReadBlocks: in memory or in
+// the page cache, no lock to wait for), saving the hand-off to the slot's
+// worker. It reports false, having answered nothing, otherwise; the
+// worker then runs the READ as usual.
+func (c *conn) readHere(s *slot) bool {
+	m := blockproto.Command(s.cmd[:])
+	off, n := m.Offset(), m.Length()
+	if m.Op() != blockproto.OpRead || !m.Inline() || n == 0 || off%blk != 0 || n%blk != 0 || int(n) > c.inline ||
+		c.checkIO(off, n, c.t.cfg.MaxTransfer) != blockproto.StatusOK {
+		return false
+	}
+	area := c.dataArea(s.idx)
+	if !c.sess.vol.v.TryReadBlocks(off/blk, area[blockproto.DataFixedLen:][:n]) {
+		return false
+	}
+	s.began = s.arrived
+	c.t.m.ReadsHere.Add(1)
+	c.sendInlineRead(s, area, n)
+	return true
 }
 
 // endExchangeLocked returns the exchange's buffer and frees the slot.

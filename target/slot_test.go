@@ -8,6 +8,7 @@ import (
 
 	"github.com/rnic-dev/rnic/blockproto"
 	"github.com/rnic-dev/rnic/rnic"
+	"github.com/rnic-dev/rnic/store"
 )
 
 // conn0 returns the first QP of the target's session.
@@ -226,4 +227,51 @@ func TestLeaseStaleTimer(t *testing.T) {
 	}
 	p.command(blockproto.CommandFields{Op: blockproto.OpRelease, STag: b.STag}, 0, true)
 	r.waitFor("slot 0 free", func() bool { return stateOf(c, 0) == slotFree })
+}
+
+// TestReadHereThin: inline READs of whole blocks within one cluster of a
+// thin volume, whose data the page cache holds or which is a hole, are
+// answered by the completion handler; unaligned ones and ones across
+// clusters by the slot's worker; the DATA holds the volume's bytes either
+// way.
+func TestReadHereThin(t *testing.T) {
+	st, err := store.OpenThin(t.TempDir(), store.ThinOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRigOn(t, st, nil)
+	vol := make([]byte, 128<<10) // cluster 0 written, cluster 1 a hole
+	for i := range 64 << 10 {
+		vol[i] = byte(i*7 + i>>12)
+	}
+	if err := r.vol.WriteBlocks(context.Background(), 0, vol[:64<<10], false); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		off  uint64
+		n    uint32
+		here bool
+	}{
+		{0, 4096, true},
+		{8192, 16384, true},
+		{64 << 10, 4096, true},  // a hole
+		{512, 1024, false},      // not whole blocks
+		{60 << 10, 8192, false}, // across two clusters
+	}
+	p := r.dial(len(cases), 16<<10)
+	for i, c := range cases {
+		before := r.tgt.m.ReadsHere.Load()
+		tag := p.command(blockproto.CommandFields{Op: blockproto.OpRead, Flags: blockproto.FlagInline,
+			Offset: c.off, Length: c.n}, uint16(i), false)
+		d, err := blockproto.ParseData(p.recv())
+		if err != nil || d.Tag() != tag {
+			t.Fatalf("READ of %d bytes at %d: expected its DATA: %v", c.n, c.off, err)
+		}
+		if !bytes.Equal(d.Payload(), vol[c.off:c.off+uint64(c.n)]) {
+			t.Fatalf("READ of %d bytes at %d: the DATA differs from the volume", c.n, c.off)
+		}
+		if here := r.tgt.m.ReadsHere.Load() > before; here != c.here {
+			t.Errorf("READ of %d bytes at %d: answered by the completion handler %v, want %v", c.n, c.off, here, c.here)
+		}
+	}
 }

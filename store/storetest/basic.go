@@ -338,6 +338,47 @@ func testVolumesIsolated(t *testing.T, s *suite) {
 	equalBlocks(t, "volume b", 0, mustRead(t, b, 0, 32), pb)
 }
 
+// testTryReadBlocks: TryReadBlocks reads what ReadBlocks reads, or
+// declines; it declines what ReadBlocks refuses; a store in memory never
+// declines a valid read.
+func testTryReadBlocks(t *testing.T, s *suite) {
+	const n = 64
+	v := s.mustCreate("t", n*bs)
+	mustWrite(t, v, 10, Pattern(10, 1, 1))
+	mustWrite(t, v, 32, Pattern(32, 20, 2))
+	want := mustRead(t, v, 0, n)
+	for _, c := range []struct{ lba, blocks uint64 }{{0, 1}, {10, 1}, {8, 4}, {32, 20}, {40, 1}, {60, 4}, {0, n}} {
+		buf := make([]byte, c.blocks*bs)
+		ok := v.TryReadBlocks(c.lba, buf)
+		if ok {
+			equalBlocks(t, "TryReadBlocks", c.lba, buf, want[c.lba*bs:(c.lba+c.blocks)*bs])
+		} else if v.InMemory() {
+			t.Errorf("TryReadBlocks(%d, %d blocks) declined on a volume in memory", c.lba, c.blocks)
+		}
+	}
+	for _, c := range []struct {
+		what string
+		lba  uint64
+		buf  []byte
+	}{
+		{"past the end", n, make([]byte, bs)},
+		{"across the end", n - 1, make([]byte, 2*bs)},
+		{"an lba that overflows", ^uint64(0), make([]byte, bs)},
+		{"an unaligned buffer", 0, make([]byte, bs+1)},
+		{"an empty buffer", 0, nil},
+	} {
+		if v.TryReadBlocks(c.lba, c.buf) {
+			t.Errorf("TryReadBlocks of %s read", c.what)
+		}
+	}
+	if err := v.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if v.TryReadBlocks(0, make([]byte, bs)) {
+		t.Error("TryReadBlocks on a closed handle read")
+	}
+}
+
 func testClosedVolume(t *testing.T, s *suite) {
 	ctx := context.Background()
 	v := s.mustCreate("c", 16*bs)

@@ -191,11 +191,15 @@ func testAtomicWrites(t *testing.T, s *suite) {
 				n := 1 + rng.IntN(blocks)
 				lba := uint64(rng.IntN(blocks - n + 1))
 				buf := make([]byte, n*bs)
-				if err := v.ReadBlocks(ctx, lba, buf); err != nil {
-					if ctx.Err() == nil {
-						errs <- err
+				// Every other read tries TryReadBlocks first: what it reads
+				// must be as atomic as ReadBlocks.
+				if r%2 == 0 || !v.TryReadBlocks(lba, buf) {
+					if err := v.ReadBlocks(ctx, lba, buf); err != nil {
+						if ctx.Err() == nil {
+							errs <- err
+						}
+						return
 					}
-					return
 				}
 				if err := check(buf, lba); err != nil {
 					errs <- err

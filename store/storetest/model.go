@@ -346,6 +346,16 @@ func checkContent(t *testing.T, st store.Store, name string, want []byte, when s
 			t.Fatalf("%s: %s block %d holds tag %d (valid %v), model %d", when, name, i/bs, gt, gok, wt)
 		}
 	}
+	// TryReadBlocks, where it reads, reads the same, a block at a time and
+	// across cluster-sized runs.
+	for _, n := range []int{1, 16} {
+		buf := make([]byte, n*bs)
+		for i := 0; i+len(buf) <= len(want); i += len(buf) {
+			if v.TryReadBlocks(uint64(i/bs), buf) && !slices.Equal(buf, want[i:i+len(buf)]) {
+				t.Fatalf("%s: TryReadBlocks of %s, %d blocks at %d, differs from the model", when, name, n, i/bs)
+			}
+		}
+	}
 	var holes []store.Extent
 	err = v.BlockStatus(context.Background(), 0, uint64(len(want)/bs), func(e store.Extent) bool {
 		if e.Hole {

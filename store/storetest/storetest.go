@@ -49,6 +49,7 @@ func Run(t *testing.T, o Options) {
 		{"TrimAndWriteZeroes", testTrimAndWriteZeroes},
 		{"FlushAndFUA", testFlushAndFUA},
 		{"VolumesIsolated", testVolumesIsolated},
+		{"TryReadBlocks", testTryReadBlocks},
 		{"ClosedVolume", testClosedVolume},
 		{"ClosedStore", testClosedStore},
 		{"CancelledContext", testCancelledContext},

@@ -1,0 +1,113 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+)
+
+// openThinVol opens a thin store in a temporary directory and a new volume
+// of size bytes in it.
+func openThinVol(t *testing.T, name string, size int64) (Store, Volume) {
+	t.Helper()
+	st, err := OpenThin(t.TempDir(), ThinOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ctx := context.Background()
+	if _, err := st.CreateVolume(ctx, name, size, CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := st.OpenVolume(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { v.Close() })
+	return st, v
+}
+
+func thinOf(v Volume) *thinVol { return v.(*volume).dev.(*thinDevice).v }
+
+// TestWritebackStartsEarly: writes into new clusters start the data
+// files' writeback once they pass writebackBytes, without a flush;
+// overwrites in place do not count toward it.
+func TestWritebackStartsEarly(t *testing.T) {
+	const size = 2 * writebackBytes
+	_, v := openThinVol(t, "wb", size)
+	pool := thinOf(v).b.pool
+	ctx := context.Background()
+	buf := bytes.Repeat([]byte{0xa5}, 1<<20)
+	for off := int64(0); off < size; off += int64(len(buf)) {
+		if err := v.WriteBlocks(ctx, uint64(off/BlockSize), buf, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for pool.writebacks.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d MiB written into new clusters, no writeback started", size>>20)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	before := pool.unflushed.Load()
+	for off := int64(0); off < size; off += int64(len(buf)) {
+		if err := v.WriteBlocks(ctx, uint64(off/BlockSize), buf, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := pool.unflushed.Load(); after > before {
+		t.Fatalf("overwrites in place counted toward writeback: %d bytes before, %d after", before, after)
+	}
+}
+
+// TestThinTryRead: TryReadBlocks declines what may block (a cluster a
+// writer holds, a clone's origin, a request across clusters) and reads
+// holes and cached data.
+func TestThinTryRead(t *testing.T) {
+	st, v := openThinVol(t, "tr", 1<<20)
+	ctx := context.Background()
+	tv := thinOf(v)
+	cb := tv.b.cb
+	data := bytes.Repeat([]byte{7}, BlockSize)
+	if err := v.WriteBlocks(ctx, 0, data, false); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, BlockSize)
+	if !v.TryReadBlocks(0, buf) || !bytes.Equal(buf, data) {
+		t.Fatal("TryReadBlocks of a block just written (in the page cache) did not read it")
+	}
+	buf[0] = 1
+	if !v.TryReadBlocks(cb, buf) || !bytes.Equal(buf, make([]byte, BlockSize)) {
+		t.Fatal("TryReadBlocks of an unallocated cluster did not read zeros")
+	}
+	if v.TryReadBlocks(cb-1, make([]byte, 2*BlockSize)) {
+		t.Fatal("TryReadBlocks across two clusters read")
+	}
+	l := &tv.locks[0]
+	l.Lock()
+	got := v.TryReadBlocks(0, buf)
+	l.Unlock()
+	if got {
+		t.Fatal("TryReadBlocks read a cluster a writer holds")
+	}
+
+	if _, err := st.CreateSnapshot(ctx, "tr", "s"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Clone(ctx, "tr", "s", "cl", CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := st.OpenVolume(ctx, "cl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.TryReadBlocks(0, buf) {
+		t.Fatal("TryReadBlocks of a clone's cluster still in its origin read (the origin may need the database)")
+	}
+	if err := c.ReadBlocks(ctx, 0, buf); err != nil || !bytes.Equal(buf, data) {
+		t.Fatalf("ReadBlocks of the clone: %v", err)
+	}
+}

@@ -38,6 +38,26 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// forwardPort returns a port for Config.Forwards: free a moment ago and
+// below the kernel's ephemeral range (32768 and up), so that no outgoing
+// connection of a test running beside this one (go test runs packages in
+// parallel) can take it before QEMU binds its forward; a port from
+// freePort could be, and QEMU then stops at once.
+func forwardPort(t *testing.T) int {
+	t.Helper()
+	const lo, hi = 20000, 32768
+	start := lo + int(time.Now().UnixNano()%int64(hi-lo))
+	for i := range hi - lo {
+		p := lo + (start-lo+i)%(hi-lo)
+		if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p))); err == nil {
+			l.Close()
+			return p
+		}
+	}
+	t.Fatal("no free port below 32768")
+	return 0
+}
+
 // startNBDKit serves a 64 MiB RAM disk with nbdkit on 127.0.0.1:port until
 // the test ends.
 func startNBDKit(t *testing.T, port int) {

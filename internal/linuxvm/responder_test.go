@@ -54,7 +54,7 @@ func testResponder(t *testing.T, cache string, v Variant) {
 	ports := make([]int, len(scenarios))
 	portList := make([]string, len(scenarios))
 	for i := range ports {
-		ports[i] = freePort(t)
+		ports[i] = forwardPort(t)
 		portList[i] = strconv.Itoa(ports[i])
 	}
 	script := fmt.Sprintf(`
@@ -87,9 +87,9 @@ done
 	}
 	defer func() {
 		vm.Stop()
-		res, _ := vm.Wait()
+		res, err := vm.Wait()
 		if t.Failed() && res != nil {
-			t.Logf("kernel console:\n%s", res.Console)
+			t.Logf("VM: %v\nkernel console:\n%s", err, res.Console)
 		}
 	}()
 	for i, sc := range scenarios {

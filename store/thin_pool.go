@@ -202,10 +202,7 @@ func (p *dataPool) writeback(ctx context.Context) {
 		}
 		p.unflushed.Store(0)
 		p.writebacks.Add(1)
-		p.mu.Lock()
-		files := append([]*dataFile(nil), p.files...)
-		p.mu.Unlock()
-		for _, f := range files {
+		for _, f := range p.openFiles() {
 			if f != nil && f.dirty.Load() {
 				// An error here only means the pages wait for the next
 				// fdatasync, which reports it.
@@ -261,14 +258,19 @@ func (p *dataPool) punchClusters(start, end uint64) error {
 	return nil
 }
 
+// openFiles returns the data files opened so far (nil where a file is not
+// open), for a pass over them outside p.mu.
+func (p *dataPool) openFiles() []*dataFile {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]*dataFile(nil), p.files...)
+}
+
 // sync fdatasyncs every file written since its last sync. It reports
 // whether any was.
 func (p *dataPool) sync() (bool, error) {
-	p.mu.Lock()
-	files := append([]*dataFile(nil), p.files...)
-	p.mu.Unlock()
 	synced := false
-	for i, f := range files {
+	for i, f := range p.openFiles() {
 		if f == nil || !f.dirty.Swap(false) {
 			continue
 		}

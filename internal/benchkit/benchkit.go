@@ -26,8 +26,9 @@ type Rate struct {
 
 // FioJob is the first job of a fio run's JSON report.
 type FioJob struct {
-	Error       int    `json:"error"`
-	Read, Write FioDir `json:"-"`
+	Error int    `json:"error"`
+	Read  FioDir `json:"read"`
+	Write FioDir `json:"write"`
 }
 
 // FioDir is one direction of a FioJob.
@@ -61,11 +62,7 @@ func RunFio(ctx context.Context, job string, env ...string) (FioJob, error) {
 		out = out[i:]
 	}
 	var doc struct {
-		Jobs []struct {
-			Error int    `json:"error"`
-			Read  FioDir `json:"read"`
-			Write FioDir `json:"write"`
-		} `json:"jobs"`
+		Jobs []FioJob `json:"jobs"`
 	}
 	if err := json.Unmarshal(out, &doc); err != nil {
 		return FioJob{}, fmt.Errorf("fio %s: parse JSON: %w", job, err)
@@ -73,7 +70,7 @@ func RunFio(ctx context.Context, job string, env ...string) (FioJob, error) {
 	if len(doc.Jobs) == 0 {
 		return FioJob{}, fmt.Errorf("fio %s: no jobs in output", job)
 	}
-	j := FioJob{Error: doc.Jobs[0].Error, Read: doc.Jobs[0].Read, Write: doc.Jobs[0].Write}
+	j := doc.Jobs[0]
 	if j.Error != 0 {
 		return j, fmt.Errorf("fio %s: job error %d", job, j.Error)
 	}

@@ -122,6 +122,7 @@ type conn struct {
 	// what is queued (its own work and that of posters arriving meanwhile).
 	combining atomic.Bool
 	raw       syscall.RawConn // nil when the connection offers none (no inline sends)
+	rxv       vecRead         // the receiver's readv state (readVec)
 	tx        txState
 	rx        rxState
 }
@@ -223,6 +224,14 @@ type rxSource struct{ c *conn }
 func (s rxSource) Read(p []byte) (int, error) {
 	s.c.rx.batchEnd()
 	return s.c.nc.Read(p)
+}
+
+// ReadVec reads into a, then b, in one system call where the connection
+// allows it (mpa.VecReader): a large payload lands in its target memory and
+// the next FPDU's headers in the Reader's buffer.
+func (s rxSource) ReadVec(a, b []byte) (int, error) {
+	s.c.rx.batchEnd()
+	return s.c.readVec(a, b)
 }
 
 // kick wakes the transmitter.

@@ -3,6 +3,7 @@ package mpa
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"reflect"
 	"testing"
@@ -41,37 +42,12 @@ func FuzzReader(f *testing.F) {
 			src = iotest.OneByteReader(src)
 		}
 		r := NewReader(src, cfg)
-		var got [][]byte
-		var err error
-		for i := 0; ; i++ {
-			if i > len(stream) {
-				t.Fatal("more FPDUs than bytes")
-			}
-			var n int
-			if n, err = r.Next(); err != nil {
-				break
-			}
-			if n < MinULPDU || n > r.cfg.MaxULPDU || r.Remaining() != n {
-				t.Fatalf("ULPDU_LENGTH %d accepted", n)
-			}
-			u := make([]byte, n)
-			half := n / 2
-			if err = r.ReadFull(u[:half]); err != nil {
-				break
-			}
-			if i%2 == 0 {
-				err = r.ReadFull(u[half:])
-			} else {
-				err = r.Discard(n - half)
-				u = u[:half]
-			}
-			if err != nil {
-				break
-			}
-			if err = r.Finish(); err != nil {
-				break
-			}
-			got = append(got, u)
+		got, err := fuzzRead(t, r, stream)
+		// The same stream from a vectored source (direct placement) reads
+		// the same, to the same error.
+		vgot, verr := fuzzRead(t, NewReader(&vecReader{chunkReader: chunkReader{b: stream, sizes: []int{5000, 3, 70000, 1}}}, cfg), stream)
+		if !reflect.DeepEqual(vgot, got) || fmt.Sprint(verr) != fmt.Sprint(err) {
+			t.Fatalf("vectored source: %d FPDUs, %v; plain: %d, %v", len(vgot), verr, len(got), err)
 		}
 		var te *term.Error
 		switch {
@@ -101,6 +77,44 @@ func FuzzReader(f *testing.F) {
 			t.Fatalf("round trip: %d of %d FPDUs, %v", len(back), len(got), err)
 		}
 	})
+}
+
+// fuzzRead reads r's FPDUs as FuzzReader does: half of each ULPDU with
+// ReadFull, the rest read or discarded in turn.
+func fuzzRead(t *testing.T, r *Reader, stream []byte) ([][]byte, error) {
+	var got [][]byte
+	var err error
+	for i := 0; ; i++ {
+		if i > len(stream) {
+			t.Fatal("more FPDUs than bytes")
+		}
+		var n int
+		if n, err = r.Next(); err != nil {
+			break
+		}
+		if n < MinULPDU || n > r.cfg.MaxULPDU || r.Remaining() != n {
+			t.Fatalf("ULPDU_LENGTH %d accepted", n)
+		}
+		u := make([]byte, n)
+		half := n / 2
+		if err = r.ReadFull(u[:half]); err != nil {
+			break
+		}
+		if i%2 == 0 {
+			err = r.ReadFull(u[half:])
+		} else {
+			err = r.Discard(n - half)
+			u = u[:half]
+		}
+		if err != nil {
+			break
+		}
+		if err = r.Finish(); err != nil {
+			break
+		}
+		got = append(got, u)
+	}
+	return got, err
 }
 
 // FuzzParseFrame checks that ParseFrame never panics, that ReadFrame agrees

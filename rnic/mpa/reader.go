@@ -32,9 +32,30 @@ const (
 	// directMin is the size from which ReadFull reads the connection
 	// straight into the caller's slice when nothing is buffered.
 	directMin = 4 << 10
+	// directTail is how much of the stream after a direct read a VecReader
+	// source reads into the buffer in the same call: the trailer and the
+	// next FPDU's headers, so that a stream of large FPDUs is placed
+	// directly one FPDU after another, one read each. Small, so that the
+	// next FPDU's payload goes direct too.
+	directTail = 512
+	// directBig is the ULPDU size from which the Reader streams: while
+	// FPDUs this large follow one another, it fills its buffer only
+	// directTail bytes at a time, so that their payloads go direct instead
+	// of through a buffer full of read-ahead. Small FPDUs (inline 4 KiB
+	// messages, say) keep the large reads that take a burst in one call.
+	directBig = 32 << 10
 	// maxEmptyReads bounds successive (0, nil) reads, as bufio does.
 	maxEmptyReads = 100
 )
+
+// VecReader is a stream source that reads into two slices in one call,
+// filling a before b (readv(2)); n counts the bytes of both. Like Read it
+// returns what is available, at least one byte, or an error. A Reader whose
+// source implements it places large payloads straight into the caller's
+// slice and reads the bytes that follow into its buffer in the same call.
+type VecReader interface {
+	ReadVec(a, b []byte) (n int, err error)
+}
 
 // Reader parses the FPDU stream of one MPA connection in full operation.
 // One goroutine owns it. Per FPDU the caller calls Next, then ReadFull and
@@ -51,6 +72,7 @@ const (
 // io.ErrUnexpectedEOF; other I/O errors are returned wrapped.
 type Reader struct {
 	r   io.Reader
+	vr  VecReader // r, when it can read vectored; else nil
 	cfg ReaderConfig
 	buf []byte
 	lo  int // buf[lo:hi] is buffered, unconsumed stream
@@ -58,9 +80,14 @@ type Reader struct {
 	off uint64 // stream offset of buf[lo]
 
 	crc    uint32
-	remain int  // ULPDU bytes not yet consumed
-	pad    int  // pad bytes after the ULPDU
-	inFPDU bool // between Next and Finish
+	remain int // ULPDU bytes not yet consumed
+	// streaming: one of the last two FPDUs begun was at least directBig
+	// bytes and the source reads vectored, so fills read little ahead (see
+	// directBig); smallRun counts the small FPDUs since the last large one.
+	streaming bool
+	smallRun  int
+	pad       int  // pad bytes after the ULPDU
+	inFPDU    bool // between Next and Finish
 
 	nextMarker uint64 // stream offset of the next marker (Markers only)
 	fpduStart  uint64 // stream offset where the current FPDU begins
@@ -81,13 +108,15 @@ func NewReader(r io.Reader, cfg ReaderConfig) *Reader {
 		cfg.BufSize = defaultBufSize
 	}
 	cfg.BufSize = max(cfg.BufSize, minBufSize)
-	return &Reader{r: r, cfg: cfg, buf: make([]byte, cfg.BufSize)}
+	vr, _ := r.(VecReader)
+	return &Reader{r: r, vr: vr, cfg: cfg, buf: make([]byte, cfg.BufSize)}
 }
 
 // Reset discards all state, including any error and buffered bytes, and
 // makes r read a new stream from src, keeping its buffer and configuration.
 func (r *Reader) Reset(src io.Reader) {
-	*r = Reader{r: src, cfg: r.cfg, buf: r.buf}
+	vr, _ := src.(VecReader)
+	*r = Reader{r: src, vr: vr, cfg: r.cfg, buf: r.buf}
 }
 
 // Buffered returns the number of stream bytes read from the connection and
@@ -116,8 +145,12 @@ func (r *Reader) fill() error {
 		r.hi = copy(r.buf, r.buf[r.lo:r.hi])
 		r.lo = 0
 	}
+	end := len(r.buf)
+	if r.streaming {
+		end = min(end, r.hi+directTail)
+	}
 	for range maxEmptyReads {
-		n, err := r.r.Read(r.buf[r.hi:])
+		n, err := r.r.Read(r.buf[r.hi:end])
 		r.hi += n
 		if err != nil {
 			r.readErr = err
@@ -203,8 +236,20 @@ func (r *Reader) consume(dst []byte, n int, sum bool) error {
 		avail := r.hi - r.lo
 		if avail == 0 {
 			if dst != nil && !r.cfg.Markers && n >= directMin && r.readErr == nil {
-				// Large read, nothing buffered: straight into dst.
-				k, err := r.r.Read(dst[:n])
+				// Large read, nothing buffered: straight into dst, and
+				// what follows into the buffer when the source can.
+				var k int
+				var err error
+				if r.vr != nil {
+					r.lo, r.hi = 0, 0
+					k, err = r.vr.ReadVec(dst[:n], r.buf[:min(directTail, len(r.buf))])
+					if k > n {
+						r.hi = k - n
+						k = n
+					}
+				} else {
+					k, err = r.r.Read(dst[:n])
+				}
 				if k > 0 {
 					if sum {
 						r.crc = crc32c.Update(r.crc, dst[:k])
@@ -279,6 +324,15 @@ func (r *Reader) Next() (int, error) {
 			"ULPDU_LENGTH %d at stream offset %d outside %d..%d", n, r.fpduStart, MinULPDU, r.cfg.MaxULPDU))
 	}
 	r.remain, r.pad, r.inFPDU = n, PadLen(n), true
+	switch {
+	case n >= directBig:
+		r.streaming, r.smallRun = r.vr != nil && !r.cfg.Markers, 0
+	case r.streaming:
+		// One small FPDU between large ones (a reply among Read
+		// Responses) does not end the stream; two in a row do.
+		r.smallRun++
+		r.streaming = r.smallRun < 2
+	}
 	return n, nil
 }
 

@@ -141,6 +141,46 @@ func (c *chunkReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// vecReader is a VecReader over the stream of its chunkReader: each call
+// returns at most the next size (cycled) of bytes, filling a before b, and
+// no call returns bytes from both sides of a stream offset in stops (as a
+// socket holds only the batches the sender has written). It counts the
+// bytes it placed in a.
+type vecReader struct {
+	chunkReader
+	stops  []int
+	pos    int
+	direct int
+	calls  int
+}
+
+func (v *vecReader) ReadVec(a, b []byte) (int, error) {
+	if len(v.b) == 0 {
+		return 0, io.EOF
+	}
+	n := min(len(a)+len(b), len(v.b), v.sizes[v.i%len(v.sizes)])
+	for len(v.stops) > 0 && v.stops[0] <= v.pos {
+		v.stops = v.stops[1:]
+	}
+	if len(v.stops) > 0 {
+		n = min(n, v.stops[0]-v.pos)
+	}
+	v.i++
+	v.calls++
+	k := copy(a, v.b[:n])
+	copy(b, v.b[k:n])
+	v.b = v.b[n:]
+	v.pos += n
+	v.direct += k
+	return n, nil
+}
+
+func (v *vecReader) Read(p []byte) (int, error) {
+	n, err := v.ReadVec(p, nil)
+	v.direct -= n // into the Reader's buffer
+	return n, err
+}
+
 func TestReaderStreams(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	us := ulpdus(rng, 40, 3000)
@@ -148,11 +188,15 @@ func TestReaderStreams(t *testing.T) {
 	for _, crc := range []bool{true, false} {
 		s := plainStream(us, crc)
 		readers := map[string]func() io.Reader{
-			"whole":    func() io.Reader { return bytes.NewReader(s) },
-			"onebyte":  func() io.Reader { return iotest.OneByteReader(bytes.NewReader(s)) },
-			"half":     func() io.Reader { return iotest.HalfReader(bytes.NewReader(s)) },
-			"dataerr":  func() io.Reader { return iotest.DataErrReader(bytes.NewReader(s)) },
-			"chunks":   func() io.Reader { return &chunkReader{b: s, sizes: []int{1, 7, 300, 2, 4096, 65536, 3}} },
+			"whole":   func() io.Reader { return bytes.NewReader(s) },
+			"onebyte": func() io.Reader { return iotest.OneByteReader(bytes.NewReader(s)) },
+			"half":    func() io.Reader { return iotest.HalfReader(bytes.NewReader(s)) },
+			"dataerr": func() io.Reader { return iotest.DataErrReader(bytes.NewReader(s)) },
+			"chunks":  func() io.Reader { return &chunkReader{b: s, sizes: []int{1, 7, 300, 2, 4096, 65536, 3}} },
+			"vec":     func() io.Reader { return &vecReader{chunkReader: chunkReader{b: s, sizes: []int{1 << 30}}} },
+			"vecchunks": func() io.Reader {
+				return &vecReader{chunkReader: chunkReader{b: s, sizes: []int{1, 7, 300, 2, 4096, 65536, 3}}}
+			},
 			"smallbuf": func() io.Reader { return bytes.NewReader(s) },
 		}
 		for name, mk := range readers {
@@ -167,6 +211,84 @@ func TestReaderStreams(t *testing.T) {
 				}
 				sameULPDUs(t, got, us)
 			}
+		}
+	}
+}
+
+// A stream of large FPDUs from a vectored source is placed straight into
+// the caller's slices, not through the buffer; small FPDUs between them
+// still come in large reads. A corrupted byte of a directly placed payload
+// is still a CRC error.
+func TestReaderDirectPlacement(t *testing.T) {
+	var us [][]byte
+	rng := rand.New(rand.NewPCG(9, 10))
+	for i := range 24 {
+		n := 60000
+		if i%8 == 7 {
+			n = 100 // a small one between the large
+		}
+		u := make([]byte, n)
+		for j := range u {
+			u[j] = byte(rng.Uint32())
+		}
+		us = append(us, u)
+	}
+	s := plainStream(us, true)
+	var large int
+	var batches []int // the sender's writes: four FPDUs each
+	for i, off := 0, 0; i < len(us); i++ {
+		if len(us[i]) > 100 {
+			large += len(us[i])
+		}
+		off += FPDULen(len(us[i]))
+		if i%4 == 3 {
+			batches = append(batches, off)
+		}
+	}
+	for _, sizes := range [][]int{{1 << 30}, {256 << 10}, {70000, 30000, 513}} {
+		src := &vecReader{chunkReader: chunkReader{b: s, sizes: sizes}, stops: batches}
+		got, err := readAll(NewReader(src, ReaderConfig{CRC: true, BufSize: 256 << 10}))
+		if err != io.EOF {
+			t.Fatalf("reads of %v: %v", sizes, err)
+		}
+		sameULPDUs(t, got, us)
+		// All but the first buffer's worth and the bytes read with the
+		// headers of the next FPDU.
+		if src.direct < large*3/4 {
+			t.Fatalf("reads of %v: %d of %d large-payload bytes placed directly", sizes, src.direct, large)
+		}
+	}
+	// A burst of small FPDUs after the stream comes in large reads again.
+	burst := make([][]byte, 64)
+	for i := range burst {
+		burst[i] = make([]byte, 4100)
+	}
+	src := &vecReader{chunkReader: chunkReader{b: plainStream(append(us[:4:4], burst...), true), sizes: []int{1 << 30}},
+		stops: []int{4 * FPDULen(60000)}}
+	r := NewReader(src, ReaderConfig{CRC: true, BufSize: 256 << 10})
+	for range 6 { // the large FPDUs and two small ones
+		if _, err := r.Next(); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Finish(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := src.calls
+	got, err := readAll(r)
+	if err != io.EOF || len(got) != len(burst)-2 {
+		t.Fatalf("burst: %d FPDUs, %v", len(got), err)
+	}
+	if calls := src.calls - before; calls > 4 {
+		t.Fatalf("%d reads for a burst of %d small FPDUs", calls, len(got))
+	}
+	for i := 3 * FPDULen(60000) / 2; i < len(s); i += 7919 {
+		bad := append([]byte(nil), s...)
+		bad[i] ^= 0x40
+		_, err := readAll(NewReader(&vecReader{chunkReader: chunkReader{b: bad, sizes: []int{1 << 30}}}, ReaderConfig{CRC: true}))
+		var te *term.Error
+		if !errors.As(err, &te) || te.Cause.Layer != term.LayerLLP {
+			t.Fatalf("byte %d corrupted: %v", i, err)
 		}
 	}
 }

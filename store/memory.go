@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"math/bits"
 	"slices"
 	"sort"
 	"sync"
@@ -12,12 +13,14 @@ import (
 	"time"
 )
 
-// NewMemory returns a Store that keeps volumes in memory, sparsely (only
-// written blocks take memory). Volumes live as long as the Store; Flush and
-// FUA are no-ops. It has the same semantics and errors as the thin store,
-// snapshots and clones included (a snapshot here copies the volume's block
-// index, so it takes time in proportion to the blocks written); raw volumes
-// are ErrNotSupported.
+// NewMemory returns a Store that keeps volumes in memory, sparsely: memory
+// is taken in chunks of 64 KiB (16 blocks), for the chunks written. Volumes
+// live as long as the Store; Flush and FUA are no-ops. It has the same
+// semantics and errors as the thin store, snapshots and clones included (a
+// snapshot here copies the volume's chunk index, so it takes time in
+// proportion to the chunks written; the first write to a shared chunk
+// copies it, as the thin store copies a cluster); raw volumes are
+// ErrNotSupported.
 func NewMemory() Store {
 	return newVolumeStore(&memBackend{vols: make(map[string]*memVol)})
 }
@@ -40,17 +43,42 @@ type memSnap struct {
 	name    string
 	created time.Time
 	size    int64
-	blocks  map[uint64]*memBlock
+	blocks  memIndex
 }
 
-// memBlock is one written block. gen is the write generation of the state
-// that wrote it: a state writes a block in place only if the block carries
-// its own generation; a block carrying another one is shared with a
+// memChunkBlocks is the number of blocks in a chunk: 64 KiB, so that a
+// large request takes one index lookup per 64 KiB and the index of a
+// volume written in full stays small for the collector (nbdkit's memory
+// plugin pages its sparse array the same way).
+const memChunkBlocks = 16
+
+// memIndex maps a chunk number (block / memChunkBlocks) to its chunk.
+type memIndex = map[uint64]*memChunk
+
+// memChunk is one chunk with at least one written block. written has bit i
+// set when block i of the chunk was written (and not discarded since); the
+// other blocks read as zeros. gen is the write generation of the state that
+// made the chunk: a state writes a chunk in place only if the chunk carries
+// its own generation; a chunk carrying another one is shared with a
 // snapshot or a clone and is copied first.
-type memBlock struct {
-	gen  uint64
-	data [BlockSize]byte
+type memChunk struct {
+	gen     uint64
+	written uint16
+	data    [memChunkBlocks * BlockSize]byte
 }
+
+// block returns block i of the chunk.
+func (c *memChunk) block(i uint64) []byte { return c.data[i*BlockSize : (i+1)*BlockSize] }
+
+// chunkSpan splits the blocks [lba, lba+count) at chunk boundaries: the
+// first span starts at block first of chunk ci and has n blocks.
+func chunkSpan(lba, count uint64) (ci, first, n uint64) {
+	ci, first = lba/memChunkBlocks, lba%memChunkBlocks
+	return ci, first, min(count, memChunkBlocks-first)
+}
+
+// spanMask is the written-mask of n blocks from block first of a chunk.
+func spanMask(first, n uint64) uint16 { return uint16((1<<n - 1) << first) }
 
 // memState is a block array: a volume's head, or a snapshot opened
 // read-only. A write holds mu exclusively for all its blocks, a read holds
@@ -58,14 +86,14 @@ type memBlock struct {
 type memState struct {
 	mu     sync.RWMutex
 	gen    uint64
-	blocks map[uint64]*memBlock
+	blocks memIndex
 	size   atomic.Uint64 // blocks
 }
 
 // memDevice is one handle's view of a memState.
 type memDevice struct{ st *memState }
 
-func (m *memBackend) newState(blocks map[uint64]*memBlock, size int64) *memState {
+func (m *memBackend) newState(blocks memIndex, size int64) *memState {
 	st := &memState{gen: m.gen.Add(1), blocks: blocks}
 	st.size.Store(uint64(size) / BlockSize)
 	return st
@@ -95,11 +123,11 @@ func (m *memBackend) createVolume(_ context.Context, info VolumeInfo, opts Creat
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.add(info, make(map[uint64]*memBlock))
+	return m.add(info, make(memIndex))
 }
 
 // add stores a new volume; m.mu is held.
-func (m *memBackend) add(info VolumeInfo, blocks map[uint64]*memBlock) (VolumeInfo, error) {
+func (m *memBackend) add(info VolumeInfo, blocks memIndex) (VolumeInfo, error) {
 	if _, ok := m.vols[info.Name]; ok {
 		return VolumeInfo{}, ErrExists
 	}
@@ -146,10 +174,10 @@ func (m *memBackend) listVolumes(context.Context) ([]VolumeInfo, error) {
 	return infos, nil
 }
 
-// refs counts the references to every block from heads and snapshots;
+// refs counts the references to every chunk from heads and snapshots;
 // m.mu is held.
-func (m *memBackend) refs() map[*memBlock]int {
-	refs := make(map[*memBlock]int)
+func (m *memBackend) refs() map[*memChunk]int {
+	refs := make(map[*memChunk]int)
 	for _, mv := range m.vols {
 		mv.head.mu.RLock()
 		for _, b := range mv.head.blocks {
@@ -166,11 +194,11 @@ func (m *memBackend) refs() map[*memBlock]int {
 }
 
 // stat describes mv with its space figures; m.mu is held.
-func (m *memBackend) stat(mv *memVol, refs map[*memBlock]int) VolumeInfo {
+func (m *memBackend) stat(mv *memVol, refs map[*memChunk]int) VolumeInfo {
 	info := mv.info.clone()
 	info.Size = int64(mv.head.size.Load()) * BlockSize
 	mv.head.mu.RLock()
-	info.Allocated = int64(len(mv.head.blocks)) * BlockSize
+	info.Allocated = writtenBytes(mv.head.blocks, nil)
 	info.Exclusive = exclusiveBytes(mv.head.blocks, refs)
 	mv.head.mu.RUnlock()
 	info.Snapshots = make([]SnapshotInfo, 0, len(mv.snaps))
@@ -181,11 +209,19 @@ func (m *memBackend) stat(mv *memVol, refs map[*memBlock]int) VolumeInfo {
 	return info
 }
 
-func exclusiveBytes(blocks map[uint64]*memBlock, refs map[*memBlock]int) int64 {
+// exclusiveBytes counts the written blocks of the chunks only blocks
+// refers to.
+func exclusiveBytes(blocks memIndex, refs map[*memChunk]int) int64 {
+	return writtenBytes(blocks, func(c *memChunk) bool { return refs[c] == 1 })
+}
+
+// writtenBytes counts the written blocks of the chunks in blocks that keep
+// accepts (all when keep is nil).
+func writtenBytes(blocks memIndex, keep func(*memChunk) bool) int64 {
 	var n int64
-	for _, b := range blocks {
-		if refs[b] == 1 {
-			n += BlockSize
+	for _, c := range blocks {
+		if keep == nil || keep(c) {
+			n += int64(bits.OnesCount16(c.written)) * BlockSize
 		}
 	}
 	return n
@@ -238,10 +274,15 @@ func (m *memBackend) resizeVolume(_ context.Context, info VolumeInfo, size int64
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	n := uint64(size) / BlockSize
-	for lba := range st.blocks {
-		if lba >= n {
-			delete(st.blocks, lba)
+	for ci := range st.blocks {
+		if ci*memChunkBlocks >= n {
+			delete(st.blocks, ci)
 		}
+	}
+	if n%memChunkBlocks != 0 {
+		// The blocks past the end in the last chunk read as zeros if the
+		// volume grows again.
+		st.unwrite(n/memChunkBlocks, n%memChunkBlocks, memChunkBlocks-n%memChunkBlocks)
 	}
 	st.size.Store(n)
 	mv.info.Size = size
@@ -370,13 +411,25 @@ func (d memDevice) read(_ context.Context, lba uint64, dst []byte) error {
 	st := d.st
 	st.mu.RLock()
 	defer st.mu.RUnlock()
-	for i := 0; i < len(dst); i += BlockSize {
-		out := dst[i : i+BlockSize]
-		if b := st.blocks[lba+uint64(i/BlockSize)]; b != nil {
-			copy(out, b.data[:])
-		} else {
+	for count := uint64(len(dst) / BlockSize); count > 0; {
+		ci, first, n := chunkSpan(lba, count)
+		out := dst[:n*BlockSize]
+		c := st.blocks[ci]
+		switch {
+		case c == nil:
 			clear(out)
+		case c.written&spanMask(first, n) == spanMask(first, n):
+			copy(out, c.data[first*BlockSize:])
+		default:
+			for i := range n {
+				if c.written&(1<<(first+i)) != 0 {
+					copy(out[i*BlockSize:], c.block(first+i))
+				} else {
+					clear(out[i*BlockSize : (i+1)*BlockSize])
+				}
+			}
 		}
+		dst, lba, count = dst[len(out):], lba+n, count-n
 	}
 	return nil
 }
@@ -385,36 +438,68 @@ func (d memDevice) write(_ context.Context, lba uint64, src []byte, _ bool) erro
 	st := d.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	for i := 0; i < len(src); i += BlockSize {
-		n := lba + uint64(i/BlockSize)
-		if n >= st.size.Load() {
-			return fmt.Errorf("block %d: volume shrank to %d blocks: %w", n, st.size.Load(), ErrOutOfRange)
-		}
-		b := st.blocks[n]
-		if b == nil || b.gen != st.gen {
-			b = &memBlock{gen: st.gen}
-			st.blocks[n] = b
-		}
-		copy(b.data[:], src[i:i+BlockSize])
+	count := uint64(len(src) / BlockSize)
+	if size := st.size.Load(); lba+count > size {
+		return fmt.Errorf("block %d: volume shrank to %d blocks: %w", max(lba, size), size, ErrOutOfRange)
+	}
+	for count > 0 {
+		ci, first, n := chunkSpan(lba, count)
+		c := st.own(ci)
+		copy(c.data[first*BlockSize:], src[:n*BlockSize])
+		c.written |= spanMask(first, n)
+		src, lba, count = src[n*BlockSize:], lba+n, count-n
 	}
 	return nil
+}
+
+// own returns chunk ci for writing: the state's own, made or copied from a
+// shared one as needed; st.mu is held exclusively.
+func (st *memState) own(ci uint64) *memChunk {
+	c := st.blocks[ci]
+	if c != nil && c.gen == st.gen {
+		return c
+	}
+	nc := &memChunk{gen: st.gen}
+	if c != nil {
+		nc.written = c.written
+		nc.data = c.data
+	}
+	st.blocks[ci] = nc
+	return nc
+}
+
+// unwrite makes n blocks from block first of chunk ci read as zeros;
+// st.mu is held exclusively.
+func (st *memState) unwrite(ci, first, n uint64) {
+	c := st.blocks[ci]
+	if c == nil || c.written&spanMask(first, n) == 0 {
+		return
+	}
+	if c.written&^spanMask(first, n) == 0 {
+		delete(st.blocks, ci)
+		return
+	}
+	st.own(ci).written &^= spanMask(first, n)
 }
 
 func (d memDevice) discard(_ context.Context, lba, count uint64, _ bool) error {
 	st := d.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if count > uint64(len(st.blocks)) {
-		// Cheaper to visit the written blocks than the range.
-		for n := range st.blocks {
-			if n >= lba && n-lba < count {
-				delete(st.blocks, n)
+	if count/memChunkBlocks > uint64(len(st.blocks)) {
+		// Cheaper to visit the written chunks than the range.
+		for ci := range st.blocks {
+			lo, hi := max(lba, ci*memChunkBlocks), min(lba+count, (ci+1)*memChunkBlocks)
+			if lo < hi {
+				st.unwrite(ci, lo%memChunkBlocks, hi-lo)
 			}
 		}
 		return nil
 	}
-	for n := lba; n-lba < count; n++ {
-		delete(st.blocks, n)
+	for count > 0 {
+		ci, first, n := chunkSpan(lba, count)
+		st.unwrite(ci, first, n)
+		lba, count = lba+n, count-n
 	}
 	return nil
 }
@@ -426,13 +511,24 @@ func (d memDevice) blockStatus(ctx context.Context, lba, count uint64, fn func(E
 	st.mu.RLock()
 	defer st.mu.RUnlock()
 	r := extentRun{fn: fn}
-	for n := lba; n-lba < count; n++ {
-		if (n-lba)%65536 == 65535 && ctx.Err() != nil {
-			return ctx.Err()
+	for visited := uint64(0); count > 0; {
+		if visited >= 65536 {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			visited = 0
 		}
-		if !r.add(n, 1, st.blocks[n] == nil) {
-			return nil
+		ci, first, n := chunkSpan(lba, count)
+		var written uint16
+		if c := st.blocks[ci]; c != nil {
+			written = c.written
 		}
+		for i := range n {
+			if !r.add(lba+i, 1, written&(1<<(first+i)) == 0) {
+				return nil
+			}
+		}
+		lba, count, visited = lba+n, count-n, visited+n
 	}
 	r.done()
 	return nil

@@ -187,7 +187,7 @@ func newConn(qp *QP, s Stream) *conn {
 		stop:     make(chan struct{}),
 		txDone:   make(chan struct{}),
 		rxDone:   make(chan struct{}),
-		resp:     make([]respJob, 0, max(qp.ird, 1)),
+		resp:     make([]respJob, 0, max(qp.ird, 1)+1), // +1: the one being sent once its IRD place is freed
 	}
 	c.log = qp.dev.log.With("qp", qp.id, "peer", c.info.Remote)
 	if sc, ok := s.Conn.(syscall.Conn); ok {

@@ -90,5 +90,8 @@ func (c *conn) readVec(a, b []byte) (int, error) {
 	case v.n == 0:
 		return 0, io.EOF
 	}
+	if raceEnabled {
+		raceWrite(a[:min(v.n, len(a))])
+	}
 	return v.n, nil
 }

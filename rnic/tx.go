@@ -628,6 +628,8 @@ type respJob struct {
 	srcTO    uint64
 	// Atomic Request
 	req rdmap.AtomicRequestFields
+	// released: the transmitter freed the request's IRD place (releaseIRD).
+	released bool
 }
 
 // sendResponse sends the oldest queued response.
@@ -651,13 +653,28 @@ func (t *txState) sendResponse() bool {
 	c.respMu.Lock()
 	copy(c.resp, c.resp[1:])
 	c.resp = c.resp[:len(c.resp)-1]
-	c.irdUsed--
+	if !job.released {
+		c.irdUsed--
+	}
 	c.respMu.Unlock()
 	return true
 }
 
+// releaseIRD frees the response's place in the IRD before its last FPDU
+// can leave (a full batch is written before the response returns): once
+// the peer has that FPDU it may send its next request, which must find the
+// place free. The response stays queued until it is sent.
+func (t *txState) releaseIRD(job *respJob) {
+	c := t.c
+	c.respMu.Lock()
+	c.irdUsed--
+	c.respMu.Unlock()
+	job.released = true
+}
+
 func (t *txState) sendReadResponse(job *respJob) {
 	if job.size == 0 {
+		t.releaseIRD(job)
 		t.beginFPDU(t.tagged(rdmap.OpReadResponse, true, job.sinkSTag, job.sinkTO), 0)
 		t.w.End()
 		return
@@ -676,6 +693,9 @@ func (t *txState) sendReadResponse(job *respJob) {
 			mp, moff, f = e.remoteAccess(t.qp, job.srcSTag, job.srcTO+uint64(off), uint64(n), RemoteRead)
 			if f == faultNone {
 				last := off+n == int(job.size)
+				if last {
+					t.releaseIRD(job)
+				}
 				t.beginFPDU(t.tagged(rdmap.OpReadResponse, last, job.sinkSTag, job.sinkTO+uint64(off)), n)
 				for rem := uint64(n); rem > 0; {
 					sp := mp.span(moff, rem)
@@ -731,6 +751,7 @@ func (t *txState) sendAtomicResponse(job *respJob) {
 		t.c.fail(tf, ev, nil)
 		return
 	}
+	t.releaseIRD(job)
 	h := t.untagged(rdmap.OpAtomicResponse, true, 0, rdmap.QNAtomicResponse, t.msn.Next(rdmap.QNAtomicResponse), 0)
 	b := t.scratch[:rdmap.AtomicResponseLen]
 	rdmap.AtomicResponse(b).Encode(&rdmap.AtomicResponseFields{ReqID: r.ReqID, Original: orig})

@@ -207,7 +207,7 @@ func TestScatterGather(t *testing.T) {
 				r1, r1b = b.reg(16, LocalWrite)
 				r2, r2b = b.reg(80000, LocalWrite)
 				r3, r3b = b.reg(100002, LocalWrite)
-				for id := uint64(1); id <= 2; id++ {
+				for id := uint64(1); id <= 3; id++ {
 					wr := RecvWR{ID: id, SGL: rsgl()}
 					var err error
 					if s := b.qp.cfg.SRQ; s != nil {
@@ -275,6 +275,14 @@ func TestScatterGather(t *testing.T) {
 			sink, sinkBuf := b.reg(len(want)+64, LocalWrite|RemoteWrite)
 			a.post(SendWR{ID: 3, Op: WRWrite, SGL: ssgl, Remote: RemoteAddr{STag: sink.STag(), TO: 32}})
 			a.waitOK(a.scq, WRWrite)
+			// A Send after the Write: its receive completes after the
+			// Write's data is placed (RFC 5040 §5.5), which is what lets
+			// b's side read sinkBuf.
+			a.post(SendWR{ID: 5, Op: WRSend, SGL: []SGE{{STag: s2.STag(), Len: 1}}})
+			a.waitOK(a.scq, WRSend)
+			if wc := b.waitOK(b.rcq, WRRecv); wc.ID != 3 {
+				t.Fatalf("receive after the Write: %+v", wc)
+			}
 			// Read back (a Read completes after the Write's data is placed).
 			back, backBuf := a.reg(len(want)+64, LocalWrite|RemoteWrite)
 			src2, err := b.pd.RegisterBytes(sinkBuf, LocalRead|RemoteRead)

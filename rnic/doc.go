@@ -35,8 +35,9 @@
 // # Design notes
 //
 // Placement before CRC: an inbound segment's payload is copied into the
-// target buffer and checksummed in one pass; the CRC is verified at the end
-// of the segment. Every check on the headers passes before a byte is placed,
+// target buffer and checksummed in one pass, or read into it straight from
+// the socket and checksummed there (large payloads); the CRC is verified at
+// the end of the segment. Every check on the headers passes before a byte is placed,
 // so a corrupt segment can only write bytes inside a buffer the peer was
 // allowed to write; its operation then never completes and the stream is
 // terminated. This is the behaviour of hardware RNICs and of Linux siw.

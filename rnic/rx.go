@@ -12,9 +12,11 @@ import (
 
 // The receiver: one goroutine per stream owns the socket's read side. For
 // each FPDU it reads the DDP and RDMAP headers, runs the checks in the order
-// of RFC 5040 §7.2 (see segment) and draft C14, and places the payload straight from the
-// read buffer into the target memory with the CRC computed in the same pass
-// (crc32c.UpdateCopy inside mpa.Reader.ReadFull). Nothing is placed before
+// of RFC 5040 §7.2 (see segment) and draft C14, and places the payload into the
+// target memory: from the read buffer with the CRC computed in the same pass
+// (crc32c.UpdateCopy inside mpa.Reader.ReadFull), or, for the large rest of
+// a payload, by a readv straight from the socket, the CRC computed over the
+// placed bytes (mpa.VecReader). Nothing is placed before
 // every check of the segment passed, and a segment's effects beyond
 // placement (completions, queued responses, invalidations) happen only after
 // its CRC verified. A CRC failure therefore leaves at most the bytes of one

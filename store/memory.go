@@ -13,14 +13,12 @@ import (
 	"time"
 )
 
-// NewMemory returns a Store that keeps volumes in memory, sparsely: memory
-// is taken in chunks of 64 KiB (16 blocks), for the chunks written. Volumes
+// NewMemory returns a Store that keeps volumes in memory, sparsely: only
+// written blocks take memory, indexed by chunks of 16 blocks. Volumes
 // live as long as the Store; Flush and FUA are no-ops. It has the same
 // semantics and errors as the thin store, snapshots and clones included (a
 // snapshot here copies the volume's chunk index, so it takes time in
-// proportion to the chunks written; the first write to a shared chunk
-// copies it, as the thin store copies a cluster); raw volumes are
-// ErrNotSupported.
+// proportion to the chunks written); raw volumes are ErrNotSupported.
 func NewMemory() Store {
 	return newVolumeStore(&memBackend{vols: make(map[string]*memVol)})
 }
@@ -46,10 +44,8 @@ type memSnap struct {
 	blocks  memIndex
 }
 
-// memChunkBlocks is the number of blocks in a chunk: 64 KiB, so that a
-// large request takes one index lookup per 64 KiB and the index of a
-// volume written in full stays small for the collector (nbdkit's memory
-// plugin pages its sparse array the same way).
+// memChunkBlocks is the number of blocks in a chunk: a large request takes
+// one index lookup per 16 blocks.
 const memChunkBlocks = 16
 
 // memIndex maps a chunk number (block / memChunkBlocks) to its chunk.
@@ -57,18 +53,66 @@ type memIndex = map[uint64]*memChunk
 
 // memChunk is one chunk with at least one written block. written has bit i
 // set when block i of the chunk was written (and not discarded since); the
-// other blocks read as zeros. gen is the write generation of the state that
-// made the chunk: a state writes a chunk in place only if the chunk carries
-// its own generation; a chunk carrying another one is shared with a
-// snapshot or a clone and is copied first.
+// other blocks read as zeros. A sparse chunk keeps each written block in a
+// block of its own (blocks); a chunk with at least memDense written blocks,
+// or written by a request of that many, keeps all 16 in one array (data),
+// which makes large requests one copy.
+//
+// gen is the write generation of the state that made the chunk: a state
+// changes a chunk in place only if the chunk carries its own generation; a
+// chunk carrying another one is shared with a snapshot or a clone and is
+// copied first. The copy shares the memory of the blocks: owned has bit i
+// set when the chunk allocated blocks[i] itself, dataOwned when it
+// allocated data, and only those are written in place.
 type memChunk struct {
-	gen     uint64
-	written uint16
-	data    [memChunkBlocks * BlockSize]byte
+	gen       uint64
+	written   uint16
+	owned     uint16
+	dataOwned bool
+	data      *[memChunkBlocks * BlockSize]byte
+	blocks    [memChunkBlocks]*[BlockSize]byte
 }
 
-// block returns block i of the chunk.
-func (c *memChunk) block(i uint64) []byte { return c.data[i*BlockSize : (i+1)*BlockSize] }
+// memDense is the number of written blocks from which a chunk keeps them
+// in one array: at most twice the memory of its blocks.
+const memDense = memChunkBlocks / 2
+
+// block returns block i of the chunk (written).
+func (c *memChunk) block(i uint64) []byte {
+	if c.data != nil {
+		return c.data[i*BlockSize : (i+1)*BlockSize]
+	}
+	return c.blocks[i][:]
+}
+
+// writable returns n blocks from block i for writing: in data (copied
+// first if shared), or a block of the chunk's own (n is then 1).
+func (c *memChunk) writable(i, n uint64) []byte {
+	if c.data != nil {
+		if !c.dataOwned {
+			d := *c.data
+			c.data, c.dataOwned = &d, true
+		}
+		return c.data[i*BlockSize : (i+n)*BlockSize]
+	}
+	if c.owned&(1<<i) == 0 {
+		c.blocks[i] = new([BlockSize]byte)
+		c.owned |= 1 << i
+	}
+	return c.blocks[i][:]
+}
+
+// densify moves a sparse chunk's blocks into one array.
+func (c *memChunk) densify() {
+	d := new([memChunkBlocks * BlockSize]byte)
+	for i := range uint64(memChunkBlocks) {
+		if c.written&(1<<i) != 0 {
+			copy(d[i*BlockSize:], c.blocks[i][:])
+		}
+	}
+	c.data, c.dataOwned = d, true
+	c.blocks, c.owned = [memChunkBlocks]*[BlockSize]byte{}, 0
+}
 
 // chunkSpan splits the blocks [lba, lba+count) at chunk boundaries: the
 // first span starts at block first of chunk ci and has n blocks.
@@ -418,7 +462,7 @@ func (d memDevice) read(_ context.Context, lba uint64, dst []byte) error {
 		switch {
 		case c == nil:
 			clear(out)
-		case c.written&spanMask(first, n) == spanMask(first, n):
+		case c.data != nil && c.written&spanMask(first, n) == spanMask(first, n):
 			copy(out, c.data[first*BlockSize:])
 		default:
 			for i := range n {
@@ -445,7 +489,16 @@ func (d memDevice) write(_ context.Context, lba uint64, src []byte, _ bool) erro
 	for count > 0 {
 		ci, first, n := chunkSpan(lba, count)
 		c := st.own(ci)
-		copy(c.data[first*BlockSize:], src[:n*BlockSize])
+		if c.data == nil && (n >= memDense || bits.OnesCount16(c.written|spanMask(first, n)) >= memDense) {
+			c.densify()
+		}
+		if c.data != nil {
+			copy(c.writable(first, n), src)
+		} else {
+			for i := range n {
+				copy(c.writable(first+i, 1), src[i*BlockSize:])
+			}
+		}
 		c.written |= spanMask(first, n)
 		src, lba, count = src[n*BlockSize:], lba+n, count-n
 	}
@@ -461,8 +514,8 @@ func (st *memState) own(ci uint64) *memChunk {
 	}
 	nc := &memChunk{gen: st.gen}
 	if c != nil {
-		nc.written = c.written
-		nc.data = c.data
+		// The memory stays shared until written (owned, dataOwned).
+		nc.written, nc.data, nc.blocks = c.written, c.data, c.blocks
 	}
 	st.blocks[ci] = nc
 	return nc
@@ -479,7 +532,14 @@ func (st *memState) unwrite(ci, first, n uint64) {
 		delete(st.blocks, ci)
 		return
 	}
-	st.own(ci).written &^= spanMask(first, n)
+	c = st.own(ci)
+	c.written &^= spanMask(first, n)
+	if c.data == nil {
+		for i := first; i < first+n; i++ {
+			c.blocks[i] = nil
+			c.owned &^= 1 << i
+		}
+	}
 }
 
 func (d memDevice) discard(_ context.Context, lba, count uint64, _ bool) error {

@@ -63,8 +63,9 @@ type VecReader interface {
 // The CRC is therefore known only at Finish: callers may place payload
 // before it and must not act on it if Finish fails.
 //
-// Reads from the connection are large (up to BufSize) and never go past
-// what is needed for an FPDU, except into the Reader's own buffer.
+// Reads from the connection are large (up to BufSize), except while large
+// FPDUs stream from a VecReader (see directBig), and never go past what is
+// needed for an FPDU, except into the Reader's own buffer.
 //
 // Errors are sticky. Protocol errors are *term.Error with the LLP / MPA
 // cause: CRC mismatch 0x02, ULPDU_LENGTH out of range or a bad marker 0x03.

@@ -85,21 +85,24 @@ func (c *memChunk) block(i uint64) []byte {
 	return c.blocks[i][:]
 }
 
-// writable returns n blocks from block i for writing: in data (copied
-// first if shared), or a block of the chunk's own (n is then 1).
-func (c *memChunk) writable(i, n uint64) []byte {
-	if c.data != nil {
-		if !c.dataOwned {
-			d := *c.data
-			c.data, c.dataOwned = &d, true
-		}
-		return c.data[i*BlockSize : (i+n)*BlockSize]
+// ownData returns a dense chunk's array for writing, copied first if
+// shared.
+func (c *memChunk) ownData() *[memChunkBlocks * BlockSize]byte {
+	if !c.dataOwned {
+		d := *c.data
+		c.data, c.dataOwned = &d, true
 	}
+	return c.data
+}
+
+// ownBlock returns block i of a sparse chunk for writing, allocated unless
+// the chunk owns it.
+func (c *memChunk) ownBlock(i uint64) *[BlockSize]byte {
 	if c.owned&(1<<i) == 0 {
 		c.blocks[i] = new([BlockSize]byte)
 		c.owned |= 1 << i
 	}
-	return c.blocks[i][:]
+	return c.blocks[i]
 }
 
 // densify moves a sparse chunk's blocks into one array.
@@ -218,31 +221,46 @@ func (m *memBackend) listVolumes(context.Context) ([]VolumeInfo, error) {
 	return infos, nil
 }
 
-// refs counts the references to every chunk from heads and snapshots;
-// m.mu is held.
-func (m *memBackend) refs() map[*memChunk]int {
-	refs := make(map[*memChunk]int)
+// memRefs counts the chunks, of heads and snapshots, that hold each piece
+// of block memory: a dense chunk's array or a sparse chunk's block. Copied
+// chunks share the memory they have not rewritten.
+type memRefs map[any]int
+
+// add counts the memory of the chunks in blocks.
+func (r memRefs) add(blocks memIndex) {
+	for _, c := range blocks {
+		if c.data != nil {
+			r[c.data]++
+			continue
+		}
+		for i := range uint64(memChunkBlocks) {
+			if c.written&(1<<i) != 0 {
+				r[c.blocks[i]]++
+			}
+		}
+	}
+}
+
+// refs counts the references to all block memory; m.mu is held.
+func (m *memBackend) refs() memRefs {
+	refs := make(memRefs)
 	for _, mv := range m.vols {
 		mv.head.mu.RLock()
-		for _, b := range mv.head.blocks {
-			refs[b]++
-		}
+		refs.add(mv.head.blocks)
 		mv.head.mu.RUnlock()
 		for _, s := range mv.snaps {
-			for _, b := range s.blocks {
-				refs[b]++
-			}
+			refs.add(s.blocks)
 		}
 	}
 	return refs
 }
 
 // stat describes mv with its space figures; m.mu is held.
-func (m *memBackend) stat(mv *memVol, refs map[*memChunk]int) VolumeInfo {
+func (m *memBackend) stat(mv *memVol, refs memRefs) VolumeInfo {
 	info := mv.info.clone()
 	info.Size = int64(mv.head.size.Load()) * BlockSize
 	mv.head.mu.RLock()
-	info.Allocated = writtenBytes(mv.head.blocks, nil)
+	info.Allocated = writtenBytes(mv.head.blocks)
 	info.Exclusive = exclusiveBytes(mv.head.blocks, refs)
 	mv.head.mu.RUnlock()
 	info.Snapshots = make([]SnapshotInfo, 0, len(mv.snaps))
@@ -253,20 +271,31 @@ func (m *memBackend) stat(mv *memVol, refs map[*memChunk]int) VolumeInfo {
 	return info
 }
 
-// exclusiveBytes counts the written blocks of the chunks only blocks
-// refers to.
-func exclusiveBytes(blocks memIndex, refs map[*memChunk]int) int64 {
-	return writtenBytes(blocks, func(c *memChunk) bool { return refs[c] == 1 })
-}
-
-// writtenBytes counts the written blocks of the chunks in blocks that keep
-// accepts (all when keep is nil).
-func writtenBytes(blocks memIndex, keep func(*memChunk) bool) int64 {
+// exclusiveBytes counts the written blocks of blocks whose memory no other
+// chunk holds.
+func exclusiveBytes(blocks memIndex, refs memRefs) int64 {
 	var n int64
 	for _, c := range blocks {
-		if keep == nil || keep(c) {
-			n += int64(bits.OnesCount16(c.written)) * BlockSize
+		if c.data != nil {
+			if refs[c.data] == 1 {
+				n += int64(bits.OnesCount16(c.written)) * BlockSize
+			}
+			continue
 		}
+		for i := range uint64(memChunkBlocks) {
+			if c.written&(1<<i) != 0 && refs[c.blocks[i]] == 1 {
+				n += BlockSize
+			}
+		}
+	}
+	return n
+}
+
+// writtenBytes counts the written blocks of the chunks in blocks.
+func writtenBytes(blocks memIndex) int64 {
+	var n int64
+	for _, c := range blocks {
+		n += int64(bits.OnesCount16(c.written)) * BlockSize
 	}
 	return n
 }
@@ -493,10 +522,10 @@ func (d memDevice) write(_ context.Context, lba uint64, src []byte, _ bool) erro
 			c.densify()
 		}
 		if c.data != nil {
-			copy(c.writable(first, n), src)
+			copy(c.ownData()[first*BlockSize:], src[:n*BlockSize])
 		} else {
 			for i := range n {
-				copy(c.writable(first+i, 1), src[i*BlockSize:])
+				copy(c.ownBlock(first + i)[:], src[i*BlockSize:])
 			}
 		}
 		c.written |= spanMask(first, n)

@@ -54,6 +54,14 @@ type tryReader interface {
 	tryRead(lba uint64, dst []byte) bool
 }
 
+// tryWriter is a blockDevice that can write without blocking for long:
+// tryWrite writes all of src in place when that needs no allocation, no
+// metadata change and no wait for a lock, and reports whether it did (see
+// Volume.TryWriteBlocks).
+type tryWriter interface {
+	tryWrite(lba uint64, src []byte) bool
+}
+
 type blockDevice interface {
 	// blocks is the volume's current size in blocks.
 	blocks() uint64

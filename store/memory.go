@@ -480,6 +480,11 @@ func (d memDevice) tryRead(lba uint64, dst []byte) bool {
 	return d.read(context.Background(), lba, dst) == nil
 }
 
+// tryWrite: the memory store's writes only copy memory.
+func (d memDevice) tryWrite(lba uint64, src []byte) bool {
+	return d.write(context.Background(), lba, src, false) == nil
+}
+
 func (d memDevice) read(_ context.Context, lba uint64, dst []byte) error {
 	st := d.st
 	st.mu.RLock()

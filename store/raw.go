@@ -156,6 +156,33 @@ func (d *rawDevice) tryRead(lba uint64, dst []byte) bool {
 	return preadNoWait(d.fd, dst, int64(lba)*BlockSize)
 }
 
+// tryWrite writes a request within one lock stripe that no one holds, in
+// place (a raw volume allocates nothing; the file system may, in a sparse
+// file, which is its own business).
+func (d *rawDevice) tryWrite(lba uint64, src []byte) bool {
+	first, last := lba/rawLockBlocks, (lba+uint64(len(src))/BlockSize-1)/rawLockBlocks
+	if first != last {
+		return false
+	}
+	l := &d.locks[first%numClusterLocks]
+	if !l.TryLock() {
+		return false
+	}
+	defer l.Unlock()
+	pos := int64(lba) * BlockSize
+	for len(src) > 0 {
+		n, err := unix.Pwrite(d.fd, src, pos)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return false
+		}
+		src, pos = src[n:], pos+int64(n)
+	}
+	return true
+}
+
 func (d *rawDevice) write(ctx context.Context, lba uint64, src []byte, fua bool) error {
 	l := d.lock(lba, uint64(len(src))/BlockSize, true)
 	pos := int64(lba) * BlockSize

@@ -73,6 +73,30 @@ func (d *thinDevice) tryRead(lba uint64, dst []byte) bool {
 	return false
 }
 
+// tryWrite writes a request within one cluster in place when the cluster
+// is allocated to this volume alone (no allocation, no copy on write, no
+// map change: nothing for the batch) and no one holds its lock.
+func (d *thinDevice) tryWrite(lba uint64, src []byte) bool {
+	v := d.v
+	first, last := v.clusterRange(lba, uint64(len(src)))
+	if first != last || v.b.checkFailed() != nil || !v.ioLock.TryRLock() {
+		return false
+	}
+	defer v.ioLock.RUnlock()
+	l := &v.locks[first%numClusterLocks]
+	if !l.TryLock() {
+		return false
+	}
+	defer l.Unlock()
+	c, off, _ := v.span(lba, len(src))
+	e := v.m.get(c)
+	p := e.phys()
+	if p == 0 || v.shared(e) {
+		return false
+	}
+	return v.b.pool.writeAt(src, p, off) == nil
+}
+
 func (v *thinVol) readLocked(lba uint64, dst []byte) error {
 	b := v.b
 	for len(dst) > 0 {

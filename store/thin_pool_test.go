@@ -111,3 +111,78 @@ func TestThinTryRead(t *testing.T) {
 		t.Fatalf("ReadBlocks of the clone: %v", err)
 	}
 }
+
+// TestThinTryWrite: TryWriteBlocks writes in place into a cluster the
+// volume alone holds, and declines (writing nothing) what needs more: an
+// unallocated cluster (allocation), a cluster shared with a snapshot or
+// still in a clone's origin (copy on write), a request across clusters, a
+// cluster another request holds.
+func TestThinTryWrite(t *testing.T) {
+	st, v := openThinVol(t, "tw", 1<<20)
+	ctx := context.Background()
+	tv := thinOf(v)
+	cb := tv.b.cb
+	old := bytes.Repeat([]byte{7}, BlockSize)
+	if err := v.WriteBlocks(ctx, 0, old, false); err != nil {
+		t.Fatal(err)
+	}
+	read := func(h Volume, lba uint64) []byte {
+		t.Helper()
+		buf := make([]byte, BlockSize)
+		if err := h.ReadBlocks(ctx, lba, buf); err != nil {
+			t.Fatal(err)
+		}
+		return buf
+	}
+	data := bytes.Repeat([]byte{9}, BlockSize)
+	if !v.TryWriteBlocks(1, data) || !bytes.Equal(read(v, 1), data) {
+		t.Fatal("TryWriteBlocks into the volume's own cluster did not write")
+	}
+	if v.TryWriteBlocks(cb, data) || !bytes.Equal(read(v, cb), make([]byte, BlockSize)) {
+		t.Fatal("TryWriteBlocks into an unallocated cluster wrote")
+	}
+	if v.TryWriteBlocks(cb-1, make([]byte, 2*BlockSize)) {
+		t.Fatal("TryWriteBlocks across two clusters wrote")
+	}
+	l := &tv.locks[0]
+	l.RLock()
+	got := v.TryWriteBlocks(2, data)
+	l.RUnlock()
+	if got {
+		t.Fatal("TryWriteBlocks wrote into a cluster a reader holds")
+	}
+
+	if _, err := st.CreateSnapshot(ctx, "tw", "s"); err != nil {
+		t.Fatal(err)
+	}
+	if v.TryWriteBlocks(0, data) {
+		t.Fatal("TryWriteBlocks wrote into a cluster shared with a snapshot")
+	}
+	sv, err := st.OpenVolume(ctx, "tw@s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sv.Close()
+	if !bytes.Equal(read(sv, 0), old) {
+		t.Fatal("the snapshot's block changed")
+	}
+	// The copy on write gives the volume its own cluster again.
+	if err := v.WriteBlocks(ctx, 0, data, false); err != nil {
+		t.Fatal(err)
+	}
+	if !v.TryWriteBlocks(2, data) || !bytes.Equal(read(v, 2), data) || !bytes.Equal(read(sv, 2), make([]byte, BlockSize)) {
+		t.Fatal("TryWriteBlocks after the copy on write: want the volume's block written, the snapshot's not")
+	}
+
+	if _, err := st.Clone(ctx, "tw", "s", "cl", CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := st.OpenVolume(ctx, "cl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.TryWriteBlocks(0, data) || !bytes.Equal(read(c, 0), old) {
+		t.Fatal("TryWriteBlocks into a clone's cluster still in its origin wrote")
+	}
+}

@@ -107,6 +107,18 @@ func (v *volume) TryReadBlocks(lba uint64, dst []byte) bool {
 	return tr.tryRead(lba, dst)
 }
 
+func (v *volume) TryWriteBlocks(lba uint64, src []byte) bool {
+	tw, ok := v.dev.(tryWriter)
+	if !ok || len(src) == 0 || len(src)%BlockSize != 0 || v.info.ReadOnly || !v.mu.TryRLock() {
+		return false
+	}
+	defer v.mu.RUnlock()
+	if v.closed || checkRange(lba, uint64(len(src)/BlockSize), v.dev.blocks()) != nil {
+		return false
+	}
+	return tw.tryWrite(lba, src)
+}
+
 func (v *volume) WriteBlocks(ctx context.Context, lba uint64, src []byte, fua bool) error {
 	count, err := bufBlocks(len(src))
 	if err != nil {

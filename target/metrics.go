@@ -74,6 +74,7 @@ type Metrics struct {
 	TwoStepWrites atomic.Uint64 // writes through WRITE_REQ
 	InlineReads   atomic.Uint64 // READs answered with DATA
 	ReadsHere     atomic.Uint64 // of those, answered by the completion handler (readHere)
+	WritesHere    atomic.Uint64 // granted WRITEs a store not in memory took on the completion handler (writeHere)
 }
 
 func (m *Metrics) done(k OpKind, start time.Time, failed bool) {

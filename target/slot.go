@@ -175,7 +175,7 @@ func (c *conn) onRecv(wc *rnic.WC) error {
 		c.t.end()
 		return nil
 	}
-	if c.readHere(s) {
+	if c.readHere(s) || c.writeHere(s) {
 		c.t.end()
 		return nil
 	}
@@ -226,6 +226,49 @@ func (c *conn) readHere(s *slot) bool {
 	s.began = s.arrived
 	c.t.m.ReadsHere.Add(1)
 	c.sendInlineRead(s, area, n)
+	return true
+}
+
+// writeHere runs a granted WRITE of whole blocks from the completion
+// handler when nothing it needs is held by anyone else and the store can
+// write the blocks in place (TryWriteBlocks: clusters the volume alone
+// holds, the page cache), saving the hand-off to the slot's worker and
+// back (a third of rtarget's CPU per 4 KiB write on the thin store). It
+// reports false, having changed nothing, otherwise; the worker then runs
+// the WRITE as usual, and answers the refusals (reservations, fencing
+// tokens, ranges) itself. FUA writes wait for a commit: always the worker.
+func (c *conn) writeHere(s *slot) bool {
+	m := blockproto.Command(s.cmd[:])
+	off, n := m.Offset(), m.Length()
+	g := s.grant
+	if m.Op() != blockproto.OpWrite || g == nil || m.FUA() || n == 0 || n > maxHere || int(n) > len(g.buf) ||
+		off%blk != 0 || n%blk != 0 || c.checkIO(off, n, c.t.cfg.MaxTransfer) != blockproto.StatusOK {
+		return false
+	}
+	vol := c.sess.vol
+	if !vol.fence.TryRLock() {
+		return false
+	}
+	defer vol.fence.RUnlock()
+	if vol.checkMutation(c.sess.slot, m.Token()).status != blockproto.StatusOK {
+		return false
+	}
+	r, ok := vol.tryLockBlocks(off/blk, uint64(n)/blk)
+	if !ok {
+		return false
+	}
+	wrote := vol.v.TryWriteBlocks(off/blk, g.buf[:n])
+	r.unlock()
+	if !wrote {
+		return false
+	}
+	s.grant = nil
+	c.grants.putIdle(g) // before the answer, which advertises it again
+	c.t.m.WritesHere.Add(1)
+	c.t.m.BytesWrit.Add(uint64(n))
+	s.began = s.arrived
+	c.t.m.done(OpWrite, s.began, false)
+	c.answer(s, blockproto.StatusOK, 0, "")
 	return true
 }
 

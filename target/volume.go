@@ -211,6 +211,32 @@ func (vol *volume) lockBlocks(first, count uint64, partialFirst, partialLast boo
 	return r
 }
 
+// tryLockBlocks is lockBlocks for whole blocks (every stripe shared) for
+// a caller that must not wait: it locks all the stripes or none.
+func (vol *volume) tryLockBlocks(first, count uint64) (stripeRange, bool) {
+	r := stripeRange{vol: vol, first: first, count: count, wFirst: -1, wLast: -1}
+	if count == 0 {
+		return r, true
+	}
+	ok, taken := true, 0
+	r.each(func(m *sync.RWMutex, _ bool) {
+		if ok = ok && m.TryRLock(); ok {
+			taken++
+		}
+	})
+	if !ok {
+		i := 0
+		r.each(func(m *sync.RWMutex, _ bool) {
+			if i < taken {
+				m.RUnlock()
+			}
+			i++
+		})
+		return stripeRange{}, false
+	}
+	return r, true
+}
+
 func (r stripeRange) unlock() {
 	if r.count == 0 {
 		return

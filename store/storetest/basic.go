@@ -379,6 +379,62 @@ func testTryReadBlocks(t *testing.T, s *suite) {
 	}
 }
 
+// testTryWriteBlocks: TryWriteBlocks writes what WriteBlocks writes, or
+// declines (the caller then writes with WriteBlocks); it declines what
+// WriteBlocks refuses and changes nothing then; a store in memory never
+// declines a valid write.
+func testTryWriteBlocks(t *testing.T, s *suite) {
+	const n = 64
+	v := s.mustCreate("t", n*bs)
+	mustWrite(t, v, 0, Pattern(0, n, 1)) // every block allocated
+	want := mustRead(t, v, 0, n)
+	for i, c := range []struct{ lba, blocks uint64 }{{0, 1}, {10, 1}, {8, 4}, {32, 20}, {15, 2}, {60, 4}, {0, n}} {
+		src := Pattern(c.lba, int(c.blocks), uint64(i+2))
+		if !v.TryWriteBlocks(c.lba, src) {
+			if v.InMemory() {
+				t.Errorf("TryWriteBlocks(%d, %d blocks) declined on a volume in memory", c.lba, c.blocks)
+			}
+			mustWrite(t, v, c.lba, src)
+		}
+		copy(want[c.lba*bs:], src)
+		equalBlocks(t, "after TryWriteBlocks", 0, mustRead(t, v, 0, n), want)
+	}
+	for _, c := range []struct {
+		what string
+		lba  uint64
+		buf  []byte
+	}{
+		{"past the end", n, make([]byte, bs)},
+		{"across the end", n - 1, make([]byte, 2*bs)},
+		{"an lba that overflows", ^uint64(0), make([]byte, bs)},
+		{"an unaligned buffer", 0, make([]byte, bs+1)},
+		{"an empty buffer", 0, nil},
+	} {
+		if v.TryWriteBlocks(c.lba, c.buf) {
+			t.Errorf("TryWriteBlocks of %s wrote", c.what)
+		}
+	}
+	equalBlocks(t, "after refused TryWriteBlocks", 0, mustRead(t, v, 0, n), want)
+	if err := v.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if v.TryWriteBlocks(0, make([]byte, bs)) {
+		t.Error("TryWriteBlocks on a closed handle wrote")
+	}
+	if !snapshotsUnsupported(t, s) {
+		mustSnap(t, s, "t", "s")
+		sv, err := s.st.OpenVolume(context.Background(), "t@s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sv.Close()
+		if sv.TryWriteBlocks(0, make([]byte, bs)) {
+			t.Error("TryWriteBlocks on a snapshot handle wrote")
+		}
+		equalBlocks(t, "the snapshot", 0, mustRead(t, sv, 0, n), want)
+	}
+}
+
 func testClosedVolume(t *testing.T, s *suite) {
 	ctx := context.Background()
 	v := s.mustCreate("c", 16*bs)

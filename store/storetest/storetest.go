@@ -50,6 +50,7 @@ func Run(t *testing.T, o Options) {
 		{"FlushAndFUA", testFlushAndFUA},
 		{"VolumesIsolated", testVolumesIsolated},
 		{"TryReadBlocks", testTryReadBlocks},
+		{"TryWriteBlocks", testTryWriteBlocks},
 		{"ClosedVolume", testClosedVolume},
 		{"ClosedStore", testClosedStore},
 		{"CancelledContext", testCancelledContext},

@@ -73,9 +73,12 @@ func (d *thinDevice) tryRead(lba uint64, dst []byte) bool {
 	return false
 }
 
-// tryWrite writes a request within one cluster in place when the cluster
-// is allocated to this volume alone (no allocation, no copy on write, no
-// map change: nothing for the batch) and no one holds its lock.
+// tryWrite writes a request within one cluster that no one holds the lock
+// of: in place when the cluster is allocated to this volume alone, or into
+// a newly allocated cluster when nothing shows through it (the rest of the
+// new cluster is a hole), while the batch has room for the map change
+// without a commit. A shared cluster or a clone's origin (a copy), or a
+// full batch, it leaves to write.
 func (d *thinDevice) tryWrite(lba uint64, src []byte) bool {
 	v := d.v
 	first, last := v.clusterRange(lba, uint64(len(src)))
@@ -90,11 +93,23 @@ func (d *thinDevice) tryWrite(lba uint64, src []byte) bool {
 	defer l.Unlock()
 	c, off, _ := v.span(lba, len(src))
 	e := v.m.get(c)
-	p := e.phys()
-	if p == 0 || v.shared(e) {
+	if p := e.phys(); p != 0 {
+		return !v.shared(e) && v.b.pool.writeAt(src, p, off) == nil
+	}
+	b := v.b
+	if !e.hole() && v.origin != nil || b.batchLen() >= batchMax {
 		return false
 	}
-	return v.b.pool.writeAt(src, p, off) == nil
+	p, fromFree, ok := b.tryAlloc()
+	if !ok {
+		return false
+	}
+	if err := b.pool.writeNew(src, p, off); err != nil {
+		b.unalloc(p, fromFree)
+		return false
+	}
+	v.replace(c, e, mkEntry(p, v.epoch), fromFree)
+	return true
 }
 
 func (v *thinVol) readLocked(lba uint64, dst []byte) error {

@@ -113,10 +113,11 @@ func TestThinTryRead(t *testing.T) {
 }
 
 // TestThinTryWrite: TryWriteBlocks writes in place into a cluster the
-// volume alone holds, and declines (writing nothing) what needs more: an
-// unallocated cluster (allocation), a cluster shared with a snapshot or
-// still in a clone's origin (copy on write), a request across clusters, a
-// cluster another request holds.
+// volume alone holds and into a new cluster where nothing shows through
+// (committed like any write), and declines (writing nothing) what needs
+// more: a cluster shared with a snapshot or still in a clone's origin
+// (copy on write), a request across clusters, a cluster another request
+// holds.
 func TestThinTryWrite(t *testing.T) {
 	st, v := openThinVol(t, "tw", 1<<20)
 	ctx := context.Background()
@@ -138,8 +139,11 @@ func TestThinTryWrite(t *testing.T) {
 	if !v.TryWriteBlocks(1, data) || !bytes.Equal(read(v, 1), data) {
 		t.Fatal("TryWriteBlocks into the volume's own cluster did not write")
 	}
-	if v.TryWriteBlocks(cb, data) || !bytes.Equal(read(v, cb), make([]byte, BlockSize)) {
-		t.Fatal("TryWriteBlocks into an unallocated cluster wrote")
+	if !v.TryWriteBlocks(cb+1, data) || !bytes.Equal(read(v, cb+1), data) || !bytes.Equal(read(v, cb), make([]byte, BlockSize)) {
+		t.Fatal("TryWriteBlocks into an unallocated cluster: want it written, the rest of the cluster zeros")
+	}
+	if tv.m.get(1).phys() == 0 {
+		t.Fatal("TryWriteBlocks into an unallocated cluster did not map it")
 	}
 	if v.TryWriteBlocks(cb-1, make([]byte, 2*BlockSize)) {
 		t.Fatal("TryWriteBlocks across two clusters wrote")

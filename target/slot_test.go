@@ -3,6 +3,7 @@ package target
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -276,10 +277,11 @@ func TestReadHereThin(t *testing.T) {
 	}
 }
 
-// TestWriteHereThin: granted WRITEs of whole blocks into a cluster of a
-// thin volume that the volume alone holds are written by the completion
-// handler; FUA ones, unaligned ones, ones across clusters and ones that
-// allocate by the slot's worker; the volume holds the data either way.
+// TestWriteHereThin: granted WRITEs of whole blocks within one cluster of
+// a thin volume, a cluster the volume alone holds or one never written,
+// are written by the completion handler; FUA ones, unaligned ones, ones
+// across clusters and ones into a cluster shared with a snapshot (a copy)
+// by the slot's worker; the volume holds the data either way.
 func TestWriteHereThin(t *testing.T) {
 	st, err := store.OpenThin(t.TempDir(), store.ThinOptions{})
 	if err != nil {
@@ -293,20 +295,27 @@ func TestWriteHereThin(t *testing.T) {
 		off  uint64
 		n    uint32
 		fua  bool
+		snap bool // take a snapshot first
 		here bool
 	}{
-		{0, 4096, false, true},
-		{8192, 16384, false, true},
-		{4096, 4096, true, false},      // FUA: waits for a commit
-		{512, 1024, false, false},      // not whole blocks
-		{64 << 10, 4096, false, false}, // allocates
-		{64 << 10, 4096, false, true},  // allocated now
-		{60 << 10, 8192, false, false}, // across two clusters
+		{0, 4096, false, false, true},
+		{8192, 16384, false, false, true},
+		{4096, 4096, true, false, false},      // FUA: waits for a commit
+		{512, 1024, false, false, false},      // not whole blocks
+		{68 << 10, 4096, false, false, true},  // allocates a cluster
+		{60 << 10, 8192, false, false, false}, // across two clusters
+		{0, 4096, false, true, false},         // shared with the snapshot: a copy
+		{4096, 4096, false, false, true},      // the volume's own again
 	}
 	p := r.dial(4, 0)
 	g := p.w.Grants[0]
 	for i, c := range cases {
 		data := pattern(int(c.n), byte(i+1))
+		if c.snap {
+			if _, err := st.CreateSnapshot(context.Background(), "vol0", fmt.Sprintf("s%d", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
 		before := r.tgt.m.WritesHere.Load()
 		p.rdmaWrite(g.STag, g.TO, data)
 		f := blockproto.CommandFields{Op: blockproto.OpWrite, Offset: c.off, Length: c.n, STag: g.STag}

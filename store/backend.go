@@ -55,9 +55,8 @@ type tryReader interface {
 }
 
 // tryWriter is a blockDevice that can write without blocking for long:
-// tryWrite writes all of src in place when that needs no allocation, no
-// metadata change and no wait for a lock, and reports whether it did (see
-// Volume.TryWriteBlocks).
+// tryWrite writes all of src when that needs no copy, no wait for a lock
+// and no commit, and reports whether it did (see Volume.TryWriteBlocks).
 type tryWriter interface {
 	tryWrite(lba uint64, src []byte) bool
 }

@@ -94,9 +94,11 @@
 // cache holds (preadv2 with RWF_NOWAIT). Anything else (a clone's origin,
 // which may need the database; data on disk) it leaves to ReadBlocks.
 // TryWriteBlocks, its counterpart for writes, writes a request within one
-// cluster in place when the volume alone holds the cluster and no one
-// holds its lock: no allocation, no copy on write, no map change. What
-// needs any of those it leaves to WriteBlocks.
+// cluster no one holds the lock of: in place when the volume alone holds
+// the cluster, or into a new cluster (a map change in the batch, as any
+// write's) when nothing shows through it and the batch has room without a
+// commit. A copy on write, a clone's origin or a full batch it leaves to
+// WriteBlocks.
 //
 // Trim and WriteZeroes unmap whole clusters (their space is freed unless a
 // snapshot holds them) and punch holes (fallocate PUNCH_HOLE) in the parts

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -144,28 +145,29 @@ func (d *rawDevice) read(_ context.Context, lba uint64, dst []byte) error {
 // tryRead reads a request within one lock stripe that no writer holds,
 // from the page cache only.
 func (d *rawDevice) tryRead(lba uint64, dst []byte) bool {
-	first, last := lba/rawLockBlocks, (lba+uint64(len(dst))/BlockSize-1)/rawLockBlocks
-	if first != last {
-		return false
-	}
-	l := &d.locks[first%numClusterLocks]
-	if !l.TryRLock() {
+	l := d.stripe(lba, len(dst))
+	if l == nil || !l.TryRLock() {
 		return false
 	}
 	defer l.RUnlock()
 	return preadNoWait(d.fd, dst, int64(lba)*BlockSize)
 }
 
+// stripe returns the lock stripe of n bytes at lba, nil when they span two.
+func (d *rawDevice) stripe(lba uint64, n int) *sync.RWMutex {
+	first, last := lba/rawLockBlocks, (lba+uint64(n)/BlockSize-1)/rawLockBlocks
+	if first != last {
+		return nil
+	}
+	return &d.locks[first%numClusterLocks]
+}
+
 // tryWrite writes a request within one lock stripe that no one holds, in
 // place (a raw volume allocates nothing; the file system may, in a sparse
 // file, which is its own business).
 func (d *rawDevice) tryWrite(lba uint64, src []byte) bool {
-	first, last := lba/rawLockBlocks, (lba+uint64(len(src))/BlockSize-1)/rawLockBlocks
-	if first != last {
-		return false
-	}
-	l := &d.locks[first%numClusterLocks]
-	if !l.TryLock() {
+	l := d.stripe(lba, len(src))
+	if l == nil || !l.TryLock() {
 		return false
 	}
 	defer l.Unlock()

@@ -338,6 +338,24 @@ func testVolumesIsolated(t *testing.T, s *suite) {
 	equalBlocks(t, "volume b", 0, mustRead(t, b, 0, 32), pb)
 }
 
+// badRequest is a request every Volume method refuses.
+type badRequest struct {
+	what string
+	lba  uint64
+	buf  []byte
+}
+
+// badRequests are the refused requests on a volume of n blocks.
+func badRequests(n uint64) []badRequest {
+	return []badRequest{
+		{"past the end", n, make([]byte, bs)},
+		{"across the end", n - 1, make([]byte, 2*bs)},
+		{"an lba that overflows", ^uint64(0), make([]byte, bs)},
+		{"an unaligned buffer", 0, make([]byte, bs+1)},
+		{"an empty buffer", 0, nil},
+	}
+}
+
 // testTryReadBlocks: TryReadBlocks reads what ReadBlocks reads, or
 // declines; it declines what ReadBlocks refuses; a store in memory never
 // declines a valid read.
@@ -356,17 +374,7 @@ func testTryReadBlocks(t *testing.T, s *suite) {
 			t.Errorf("TryReadBlocks(%d, %d blocks) declined on a volume in memory", c.lba, c.blocks)
 		}
 	}
-	for _, c := range []struct {
-		what string
-		lba  uint64
-		buf  []byte
-	}{
-		{"past the end", n, make([]byte, bs)},
-		{"across the end", n - 1, make([]byte, 2*bs)},
-		{"an lba that overflows", ^uint64(0), make([]byte, bs)},
-		{"an unaligned buffer", 0, make([]byte, bs+1)},
-		{"an empty buffer", 0, nil},
-	} {
+	for _, c := range badRequests(n) {
 		if v.TryReadBlocks(c.lba, c.buf) {
 			t.Errorf("TryReadBlocks of %s read", c.what)
 		}
@@ -399,17 +407,7 @@ func testTryWriteBlocks(t *testing.T, s *suite) {
 		copy(want[c.lba*bs:], src)
 		equalBlocks(t, "after TryWriteBlocks", 0, mustRead(t, v, 0, n), want)
 	}
-	for _, c := range []struct {
-		what string
-		lba  uint64
-		buf  []byte
-	}{
-		{"past the end", n, make([]byte, bs)},
-		{"across the end", n - 1, make([]byte, 2*bs)},
-		{"an lba that overflows", ^uint64(0), make([]byte, bs)},
-		{"an unaligned buffer", 0, make([]byte, bs+1)},
-		{"an empty buffer", 0, nil},
-	} {
+	for _, c := range badRequests(n) {
 		if v.TryWriteBlocks(c.lba, c.buf) {
 			t.Errorf("TryWriteBlocks of %s wrote", c.what)
 		}

@@ -230,8 +230,8 @@ type Volume interface {
 	TryReadBlocks(lba uint64, dst []byte) bool
 	// TryWriteBlocks is WriteBlocks without FUA for a caller that must not
 	// block for long (a completion handler): it writes only where that
-	// needs no copy of other data, no wait for a lock and no wait for a
-	// commit (blocks in memory; blocks the volume alone holds, or a new
+	// needs no copy of other data, no wait for another request's locks and
+	// no wait for a commit (blocks in memory; blocks the volume alone holds, or a new
 	// allocation, written into the page cache, which may still throttle a
 	// writer that dirties pages faster than they are written back), and
 	// reports whether it wrote all of src. When it did not, the blocks

@@ -55,8 +55,8 @@ type tryReader interface {
 }
 
 // tryWriter is a blockDevice that can write without blocking for long:
-// tryWrite writes all of src when that needs no copy, no wait for a lock
-// and no commit, and reports whether it did (see Volume.TryWriteBlocks).
+// tryWrite writes all of src when that needs no copy, no wait for another
+// request's locks and no commit, and reports whether it did (see Volume.TryWriteBlocks).
 type tryWriter interface {
 	tryWrite(lba uint64, src []byte) bool
 }

@@ -171,36 +171,27 @@ func (d *rawDevice) tryWrite(lba uint64, src []byte) bool {
 		return false
 	}
 	defer l.Unlock()
-	pos := int64(lba) * BlockSize
+	return d.pwrite(src, int64(lba)*BlockSize) == nil
+}
+
+// pwrite writes all of src at byte pos.
+func (d *rawDevice) pwrite(src []byte, pos int64) error {
 	for len(src) > 0 {
 		n, err := unix.Pwrite(d.fd, src, pos)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
 		if err != nil {
-			return false
+			return fmt.Errorf("raw write at %d: %w", pos, err)
 		}
 		src, pos = src[n:], pos+int64(n)
 	}
-	return true
+	return nil
 }
 
 func (d *rawDevice) write(ctx context.Context, lba uint64, src []byte, fua bool) error {
 	l := d.lock(lba, uint64(len(src))/BlockSize, true)
-	pos := int64(lba) * BlockSize
-	var err error
-	for len(src) > 0 {
-		var n int
-		n, err = unix.Pwrite(d.fd, src, pos)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			err = fmt.Errorf("raw write at %d: %w", pos, err)
-			break
-		}
-		src, pos = src[n:], pos+int64(n)
-	}
+	err := d.pwrite(src, int64(lba)*BlockSize)
 	l.unlock()
 	if err == nil && fua {
 		err = d.flush(ctx)

@@ -267,22 +267,6 @@ func (b *thinBackend) alloc() (p uint64, fromFree bool, err error) {
 func (b *thinBackend) allocRun(n uint64) (p, got uint64, fromFree bool, err error) {
 	b.allocMu.Lock()
 	defer b.allocMu.Unlock()
-	return b.allocRunLocked(n)
-}
-
-// tryAlloc is alloc for a caller that must not wait: it reports ok false
-// when the allocator is busy.
-func (b *thinBackend) tryAlloc() (p uint64, fromFree, ok bool) {
-	if !b.allocMu.TryLock() {
-		return 0, false, false
-	}
-	defer b.allocMu.Unlock()
-	p, _, fromFree, err := b.allocRunLocked(1)
-	return p, fromFree, err == nil
-}
-
-// allocRunLocked is allocRun with allocMu held.
-func (b *thinBackend) allocRunLocked(n uint64) (p, got uint64, fromFree bool, err error) {
 	if len(b.avail.r) > 0 {
 		r := b.avail.r[0]
 		got = min(n, r.end-r.start, b.fileRoom(r.start))

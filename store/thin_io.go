@@ -75,10 +75,12 @@ func (d *thinDevice) tryRead(lba uint64, dst []byte) bool {
 
 // tryWrite writes a request within one cluster that no one holds the lock
 // of: in place when the cluster is allocated to this volume alone, or into
-// a newly allocated cluster when nothing shows through it (the rest of the
-// new cluster is a hole), while the batch has room for the map change
-// without a commit. A shared cluster or a clone's origin (a copy), or a
-// full batch, it leaves to write.
+// a newly allocated cluster when nothing shows through it (cow then copies
+// nothing: the rest of the new cluster is a hole), while the batch has room
+// for the map change without a commit. The allocator's and the batch's
+// mutexes it may wait for: they guard memory only, never I/O. A shared
+// cluster or a clone's origin (a copy), or a full batch, it leaves to
+// write.
 func (d *thinDevice) tryWrite(lba uint64, src []byte) bool {
 	v := d.v
 	first, last := v.clusterRange(lba, uint64(len(src)))
@@ -96,20 +98,10 @@ func (d *thinDevice) tryWrite(lba uint64, src []byte) bool {
 	if p := e.phys(); p != 0 {
 		return !v.shared(e) && v.b.pool.writeAt(src, p, off) == nil
 	}
-	b := v.b
-	if !e.hole() && v.origin != nil || b.batchLen() >= batchMax {
+	if !e.hole() && v.origin != nil || v.b.batchLen() >= batchMax {
 		return false
 	}
-	p, fromFree, ok := b.tryAlloc()
-	if !ok {
-		return false
-	}
-	if err := b.pool.writeNew(src, p, off); err != nil {
-		b.unalloc(p, fromFree)
-		return false
-	}
-	v.replace(c, e, mkEntry(p, v.epoch), fromFree)
-	return true
+	return v.cow(c, e, off, src, len(src)) == nil
 }
 
 func (v *thinVol) readLocked(lba uint64, dst []byte) error {

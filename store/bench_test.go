@@ -1,11 +1,9 @@
 package store_test
 
 import (
-	"encoding/binary"
-
 	"context"
+	"encoding/binary"
 	"fmt"
-	"github.com/rnic-dev/rnic/rnic/crc32c"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -16,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rnic-dev/rnic/rnic/crc32c"
 	"github.com/rnic-dev/rnic/store"
 	"github.com/rnic-dev/rnic/store/storetest"
 )
@@ -28,7 +27,9 @@ import (
 //
 //	go test -run '^$' -bench . -benchtime 20000x ./store/
 //
-// RNIC_CLUSTER_SIZE sets the thin store's cluster size (bytes).
+// RNIC_CLUSTER_SIZE sets the thin store's cluster size (bytes);
+// RNIC_STEADY_MEMORY=1 (as root) measures with the VM's memory as a
+// long-running host's (main_test.go).
 
 // ioTarget is one side of a comparison.
 type ioTarget interface {

@@ -42,6 +42,7 @@ import (
 	"time"
 
 	"github.com/rnic-dev/rnic/internal/benchkit"
+	"github.com/rnic-dev/rnic/internal/vmmem"
 )
 
 type options struct {
@@ -49,6 +50,7 @@ type options struct {
 	reps, runtime, rmp int
 	fullSize           string
 	cowRounds          int
+	steadyMemory       bool
 }
 
 // Result is one fio job of one system in one repetition.
@@ -85,6 +87,8 @@ func main() {
 	flag.IntVar(&o.rmp, "ramp", 1, "ramp seconds per job")
 	flag.StringVar(&o.fullSize, "size", "2G", "size of the volume written in full")
 	flag.IntVar(&o.cowRounds, "cow-rounds", 3, "snapshot + first writes + plain writes rounds per repetition")
+	flag.BoolVar(&o.steadyMemory, "steady-memory", true, "stop the VM's free page reporting for the run and write once to "+
+		"the free memory, so that new page-cache pages cost no fault in the host (see vmmem.SteadyMemory)")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := run(context.Background(), o, log); err != nil {
@@ -113,6 +117,13 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 		if out, err := exec.Command("go", b...).CombinedOutput(); err != nil {
 			return fmt.Errorf("go %v: %v\n%s", b, err, out)
 		}
+	}
+	if o.steadyMemory {
+		restore, err := vmmem.SteadyMemory(1<<30, log)
+		if err != nil {
+			return err
+		}
+		defer restore()
 	}
 	var results []Result
 	var snaps []Snapshot
@@ -310,6 +321,14 @@ func report(o options, results []Result, snaps []Snapshot, cow, plain []float64)
 	fmt.Fprintf(&b, "`go run ./bench/store -reps %d -runtime %d`, %s: fio (nbd engine) -> rinit nbd -> rtarget, default flags, "+
 		"the two systems interleaved in each of %d repetitions (a new rtarget each time); medians. Rates are IOPS (4K) or "+
 		"MB/s (1M). Target: thin >= 0.9x memory.\n\n", o.reps, o.runtime, time.Now().UTC().Format("2006-01-02"), o.reps)
+	if o.steadyMemory {
+		fmt.Fprintf(&b, "With `-steady-memory` (the default): the VM's free page reporting stopped for the run and its free "+
+			"memory written once before the jobs, so that a job growing the page cache pays what a long-running host pays, "+
+			"not a fault in the host per new page (vmmem.SteadyMemory).\n\n")
+	} else {
+		fmt.Fprintf(&b, "With `-steady-memory=false`: jobs that grow the page cache (fresh volumes, copy on write) pay a fault "+
+			"in the host for each new page on a VM with free page reporting.\n\n")
+	}
 	fmt.Fprintf(&b, "| scenario | job | memory | thin | thin/memory | >= 0.9x | CPU µs/IO memory | thin |\n"+
 		"|---|---|---|---|---|---|---|---|\n")
 	get := func(sys, sc, job string, cpu bool) float64 {

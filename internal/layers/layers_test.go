@@ -55,6 +55,8 @@ var layers = []layer{
 	{pkg: "internal/rbd", rank: 3, rdmaFree: true},                      // the Ceph RBD client store builds its rbd backend on
 	{pkg: "internal/cephtest", rank: 3, rdmaFree: true, testOnly: true}, // a Ceph cluster for rbd's tests
 	{pkg: "internal/linuxvm", rank: 0, rdmaFree: true, testOnly: true},  // builds and boots the Linux peer VM: nothing of RDMA
+	{pkg: "internal/loopfs", rank: 0, rdmaFree: true, testOnly: true},   // a small file system of a test's own
+	{pkg: "internal/vmmem", rank: 0, rdmaFree: true},                    // a VM's memory as a long-running host's, for benchmarks
 }
 
 // place returns the layer of package p (a path relative to the module).

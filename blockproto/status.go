@@ -23,6 +23,7 @@ const (
 	StatusNoSession  Status = 13 // JOIN names no live session
 	StatusTooLarge   Status = 14 // length above the advertised maximum transfer
 	StatusChecksum   Status = 15 // stored data failed its checksum
+	StatusNoSpace    Status = 16 // the store has no space for the write (a thin pool is full)
 )
 
 var statusNames = [...]string{
@@ -31,6 +32,7 @@ var statusNames = [...]string{
 	StatusAuth: "authentication failed", StatusVersion: "unsupported protocol version", StatusNoVolume: "no such volume",
 	StatusBusy: "target busy", StatusShutdown: "target shutting down", StatusProtocol: "protocol violation",
 	StatusNoSession: "no such session", StatusTooLarge: "request too large", StatusChecksum: "stored data corrupt",
+	StatusNoSpace: "no space left in the store",
 }
 
 func (s Status) String() string {

@@ -14,6 +14,7 @@ var (
 	ErrAuth       = errors.New("initiator: authentication failed")
 	ErrInvalid    = errors.New("initiator: invalid request")
 	ErrRange      = errors.New("initiator: beyond the end of the volume")
+	ErrNoSpace    = errors.New("initiator: the target's store has no space left")
 	ErrReadOnly   = errors.New("initiator: volume is read-only")
 	ErrReserved   = errors.New("initiator: volume reserved by another initiator")
 	ErrStaleToken = errors.New("initiator: stale fencing token")
@@ -56,6 +57,8 @@ func (e *StatusError) Unwrap() []error {
 		return []error{ErrInvalid, syscall.EINVAL}
 	case blockproto.StatusRange:
 		return []error{ErrRange, syscall.ENOSPC}
+	case blockproto.StatusNoSpace:
+		return []error{ErrNoSpace, syscall.ENOSPC}
 	case blockproto.StatusReadOnly:
 		return []error{ErrReadOnly, syscall.EROFS}
 	case blockproto.StatusStaleToken:

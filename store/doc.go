@@ -138,6 +138,19 @@
 // free range is punched again (an allocation that was never committed may
 // have written there) and the data files are cut at the high-water mark.
 //
+// Running out of space is an operating condition of a thin pool, which
+// over-commits by design. badger writes its log through a memory map of a
+// sparse file, and a page of it that finds the file system full kills the
+// process (SIGBUS): so data writes leave a reserve free (ThinOptions.
+// Reserve, rtarget --reserve; by default 2 % of the file system, from 64
+// MiB to 1 GiB). A write that needs space past it (a new cluster, or an
+// overwrite filling a hole of one while the file system is at the reserve)
+// fails with ErrNoSpace, which initiators see as ENOSPC; everything else
+// goes on, commits, snapshots and volume changes included, in the
+// reserve. The free space is read with statfs when the writes since the
+// last reading have used half of what it found above the reserve, and
+// every second (thin_space.go).
+//
 // A crash loses the changes of the batch that were not committed:
 // unflushed writes, as the contract allows. Each block holds its old or
 // its new content (a 4 KiB aligned page is written back whole), so what

@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"syscall"
 )
 
 // Errors returned (wrapped) by this package; test with errors.Is.
@@ -24,6 +25,9 @@ var (
 	ErrHasDependents = errors.New("has dependent clones")
 	// ErrReadOnly: a write to a snapshot handle.
 	ErrReadOnly = errors.New("read-only")
+	// ErrNoSpace: the write needs space the store does not have (a thin
+	// store whose file system is down to its reserve, see ThinOptions).
+	ErrNoSpace = errors.New("no space left in the store")
 )
 
 // OpError is the error of a block operation on a volume. It names the
@@ -41,6 +45,15 @@ func (e *OpError) Error() string {
 }
 
 func (e *OpError) Unwrap() error { return e.Err }
+
+// noSpace marks a write's ENOSPC or EDQUOT (a sparse file on a full file
+// system) as ErrNoSpace, keeping the errno.
+func noSpace(err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("%w: %w", ErrNoSpace, err)
+	}
+	return err
+}
 
 // blockError reports that block lba is the cause of err.
 func blockError(lba uint64, err error) error {

@@ -182,7 +182,7 @@ func (d *rawDevice) pwrite(src []byte, pos int64) error {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("raw write at %d: %w", pos, err)
+			return fmt.Errorf("raw write at %d: %w", pos, noSpace(err))
 		}
 		src, pos = src[n:], pos+int64(n)
 	}

@@ -26,6 +26,11 @@ type ThinOptions struct {
 	CommitInterval time.Duration
 	// MemTableSize is the size of one badger memtable; 0 means 8 MiB.
 	MemTableSize int64
+	// Reserve is the free space, in bytes, that data writes leave on the
+	// file system of the store for its metadata: a write that would need
+	// some of it fails with ErrNoSpace (thin_space.go). 0 means 2 % of the
+	// file system's size, at least 64 MiB and at most 1 GiB.
+	Reserve int64
 }
 
 // DefaultClusterSize is the cluster size of a new thin store (see doc.go

@@ -31,6 +31,8 @@ type dataPool struct {
 	unflushed  atomic.Int64
 	kick       chan struct{}
 	writebacks atomic.Uint64 // passes of the writeback loop so far
+
+	space *spaceGuard // keeps the file system's last free space for the metadata
 }
 
 type dataFile struct {
@@ -55,12 +57,12 @@ const writebackBytes = 16 << 20
 // dataFileBytes is the size a data file grows to before the next begins.
 const dataFileBytes = 1 << 40
 
-func newDataPool(dir string, cs int64) *dataPool {
+func newDataPool(dir string, cs int64, space *spaceGuard) *dataPool {
 	shift := uint(0)
 	for int64(1)<<shift*cs < dataFileBytes {
 		shift++
 	}
-	return &dataPool{dir: dir, cs: cs, fileShift: shift, kick: make(chan struct{}, 1)}
+	return &dataPool{dir: dir, cs: cs, fileShift: shift, kick: make(chan struct{}, 1), space: space}
 }
 
 func (p *dataPool) path(i int) string {
@@ -149,15 +151,56 @@ func preadNoWait(fd int, dst []byte, pos int64) bool {
 	return false
 }
 
-// writeAt stores src at physical cluster c, byte off.
+// writeAt stores src at physical cluster c, byte off: an overwrite in a
+// cluster already allocated.
 func (p *dataPool) writeAt(src []byte, c uint64, off int64) error {
-	f, pos, room, err := p.locate(c, off)
+	f, pos, err := p.locateWrite(len(src), c, off)
 	if err != nil {
 		return err
 	}
-	if int64(len(src)) > room {
-		return fmt.Errorf("write of %d bytes at cluster %d crosses a data file: %w", len(src), c, ErrInvalid)
+	if err := p.space.inPlace(f.fd, pos, int64(len(src))); err != nil {
+		return fmt.Errorf("cluster %d: %w", c, err)
 	}
+	return p.pwrite(f, src, pos, c)
+}
+
+// writeNew is writeAt for a cluster just allocated: its bytes take new
+// space, and count toward the next start of writeback.
+func (p *dataPool) writeNew(src []byte, c uint64, off int64) error {
+	f, pos, err := p.locateWrite(len(src), c, off)
+	if err != nil {
+		return err
+	}
+	if err := p.space.take(int64(len(src))); err != nil {
+		return fmt.Errorf("cluster %d: %w", c, err)
+	}
+	if err := p.pwrite(f, src, pos, c); err != nil {
+		return err
+	}
+	if p.unflushed.Add(int64(len(src))) >= writebackBytes {
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// locateWrite is locate for a write of n bytes, which must stay in one
+// data file.
+func (p *dataPool) locateWrite(n int, c uint64, off int64) (*dataFile, int64, error) {
+	f, pos, room, err := p.locate(c, off)
+	if err != nil {
+		return nil, 0, err
+	}
+	if int64(n) > room {
+		return nil, 0, fmt.Errorf("write of %d bytes at cluster %d crosses a data file: %w", n, c, ErrInvalid)
+	}
+	return f, pos, nil
+}
+
+// pwrite writes src at pos of f (cluster c, for errors).
+func (p *dataPool) pwrite(f *dataFile, src []byte, pos int64, c uint64) error {
 	for len(src) > 0 {
 		// At most up to the next writeChunk boundary per pwrite: see
 		// writeChunk.
@@ -167,26 +210,11 @@ func (p *dataPool) writeAt(src []byte, c uint64, off int64) error {
 			if errors.Is(err, unix.EINTR) {
 				continue
 			}
-			return fmt.Errorf("write data file %d at %d: %w", c>>p.fileShift, pos, err)
+			return fmt.Errorf("write data file %d at %d: %w", c>>p.fileShift, pos, noSpace(err))
 		}
 		src, pos = src[n:], pos+int64(n)
 	}
 	f.dirty.Store(true)
-	return nil
-}
-
-// writeNew is writeAt for a cluster just allocated: its bytes count toward
-// the next start of writeback.
-func (p *dataPool) writeNew(src []byte, c uint64, off int64) error {
-	if err := p.writeAt(src, c, off); err != nil {
-		return err
-	}
-	if p.unflushed.Add(int64(len(src))) >= writebackBytes {
-		select {
-		case p.kick <- struct{}{}:
-		default:
-		}
-	}
 	return nil
 }
 

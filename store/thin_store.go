@@ -174,7 +174,11 @@ func (b *thinBackend) start() error {
 	}
 	b.cs = f.ClusterSize
 	b.cb = uint64(b.cs / BlockSize)
-	b.pool = newDataPool(filepath.Join(b.dir, thinDataDir), b.cs)
+	b.pool = newDataPool(filepath.Join(b.dir, thinDataDir), b.cs,
+		newSpaceGuard(b.opts.Reserve, b.log, filepath.Join(b.dir, thinDataDir), filepath.Join(b.dir, thinMetaDir)))
+	if _, err := b.pool.space.refresh(); err != nil {
+		return err
+	}
 	if err := b.checkDataHeader(f); err != nil {
 		return err
 	}
@@ -380,6 +384,10 @@ func (b *thinBackend) maintain(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			// Other writers of the file system, and space given back.
+			if _, err := b.pool.space.refresh(); err != nil {
+				b.log.Warn("free space", "err", err)
+			}
 		case <-b.kick:
 		}
 		if b.batchLen() > 0 {

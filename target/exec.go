@@ -3,6 +3,7 @@ package target
 import (
 	"context"
 	"errors"
+	"log/slog"
 
 	"github.com/rnic-dev/rnic/blockproto"
 	"github.com/rnic-dev/rnic/rnic"
@@ -25,6 +26,8 @@ func storeStatus(err error) blockproto.Status {
 		return blockproto.StatusChecksum
 	case errors.Is(err, store.ErrInvalid):
 		return blockproto.StatusInvalid
+	case errors.Is(err, store.ErrNoSpace):
+		return blockproto.StatusNoSpace
 	case errors.Is(err, store.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return blockproto.StatusShutdown
 	}
@@ -296,7 +299,13 @@ func (c *conn) ioFailed(what string, off uint64, n int, err error) mutationCheck
 	if c.t.storeFailed(c.sess.vol, err) {
 		return mutationCheck{status: blockproto.StatusIO, fenced: true}
 	}
-	c.log.Warn(what+" failed", "volume", c.sess.vol.name, "offset", off, "length", n, "err", err)
+	lvl := slog.LevelWarn
+	if errors.Is(err, store.ErrNoSpace) {
+		// The store said so once when its file system filled; the
+		// initiator gets ENOSPC for each write.
+		lvl = slog.LevelDebug
+	}
+	c.log.Log(c.Context(), lvl, what+" failed", "volume", c.sess.vol.name, "offset", off, "length", n, "err", err)
 	return mutationCheck{status: storeStatus(err), detail: err.Error()}
 }
 

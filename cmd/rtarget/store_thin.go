@@ -18,7 +18,10 @@ func init() {
 		flags: func() []cli.Flag {
 			return []cli.Flag{&cli.StringFlag{Name: "cluster-size", Value: "64K", Usage: "thin: the allocation and copy-on-write " +
 				"unit of a new store (4K to 4M, a power of two); an existing store keeps its own",
-				EnvVars: []string{"RTARGET_CLUSTER_SIZE"}}}
+				EnvVars: []string{"RTARGET_CLUSTER_SIZE"}},
+				&cli.StringFlag{Name: "reserve", Value: "auto", Usage: "thin: free space that data writes leave on the " +
+					"file system of --data for the metadata; a write that needs more fails with ENOSPC. auto: 2% of the " +
+					"file system, at least 64M, at most 1G", EnvVars: []string{"RTARGET_RESERVE"}}}
 		},
 		open: func(c *cli.Context, log *slog.Logger, _ bool) (store.Store, error) {
 			opts, err := thinOptions(c, log)
@@ -41,7 +44,16 @@ func thinOptions(c *cli.Context, log *slog.Logger) (store.ThinOptions, error) {
 	if err != nil {
 		return store.ThinOptions{}, fmt.Errorf("--cluster-size: %w", err)
 	}
-	return store.ThinOptions{Logger: log, ClusterSize: cs}, nil
+	var reserve int64
+	if r := c.String("reserve"); r != "auto" {
+		if reserve, err = clix.ParseSize(r); err != nil {
+			return store.ThinOptions{}, fmt.Errorf("--reserve: %w", err)
+		}
+		if reserve <= 0 {
+			return store.ThinOptions{}, fmt.Errorf("--reserve %s: give a size above 0, or auto", r)
+		}
+	}
+	return store.ThinOptions{Logger: log, ClusterSize: cs, Reserve: reserve}, nil
 }
 
 // controlSocketName is the control socket of rtarget serve in a thin

@@ -99,7 +99,8 @@
 //     misalignment to the minimum block size, READ/WRITE longer than the
 //     maximum payload, FLUSH with nonzero offset/length, READ, TRIM or
 //     BLOCK_STATUS past the end;
-//   - ENOSPC: WRITE/WRITE_ZEROES past the end;
+//   - ENOSPC: WRITE/WRITE_ZEROES past the end, or a write the target's
+//     store has no space for (a full thin pool);
 //   - EPERM: WRITE, TRIM, WRITE_ZEROES on a read-only export;
 //   - Backend errors: mapped by Errno (EIO unless the error says
 //     otherwise; see Error).

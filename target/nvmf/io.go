@@ -265,6 +265,9 @@ func (c *controller) storeError(q *queue, op string, err error) error {
 		return fail(StatusNSWriteProtected, "%v", err)
 	case errors.Is(err, store.ErrOutOfRange):
 		return fail(StatusLBARange, "%v", err)
+	case errors.Is(err, store.ErrNoSpace):
+		// A full thin pool: the host's block layer reports ENOSPC.
+		return fail(StatusCapExceeded, "%v", err)
 	case errors.Is(err, store.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		// Teardown: the host retries on its next connection.
 		return &StatusError{Status: StatusAbortRequested, Reason: err.Error()}

@@ -3,6 +3,8 @@ package nvmf
 import (
 	"bytes"
 	"crypto/rand"
+	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/rnic-dev/rnic/store"
@@ -106,5 +108,24 @@ func TestWriteThrough(t *testing.T) {
 	before := sy.Syncs()
 	if r, _, err := h.io[0].do(rw(IOWriteZeroes, 40, 8), cmdOpts{}); err != nil || r.status() != StatusSuccess || sy.Syncs() == before {
 		t.Fatalf("write zeroes: %v %v, syncs %d -> %d", r.status(), err, before, sy.Syncs())
+	}
+}
+
+// TestStoreErrorStatus: what the host sees for the store's refusals that
+// are its answer, not a fault of the target.
+func TestStoreErrorStatus(t *testing.T) {
+	c := &controller{}
+	for _, tc := range []struct {
+		err  error
+		want Status
+	}{
+		{fmt.Errorf("store: write volume \"v\": cluster 9: %w", store.ErrNoSpace), StatusCapExceeded | StatusDNR},
+		{fmt.Errorf("wrapped: %w", store.ErrOutOfRange), StatusLBARange | StatusDNR},
+		{fmt.Errorf("wrapped: %w", target.ErrReadOnly), StatusNSWriteProtected | StatusDNR},
+	} {
+		var se *StatusError
+		if err := c.storeError(nil, "write", tc.err); !errors.As(err, &se) || se.Status != tc.want {
+			t.Errorf("storeError(%v) = %v, want status %#x", tc.err, err, uint16(tc.want))
+		}
 	}
 }

@@ -35,10 +35,12 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/rnic-dev/rnic/internal/benchkit"
@@ -91,7 +93,12 @@ func main() {
 		"the free memory, so that new page-cache pages cost no fault in the host (see vmmem.SteadyMemory)")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(context.Background(), o, log); err != nil {
+	// Interrupted, the run stops its fio and processes and returns, so
+	// that what it changed on the machine (-steady-memory) is put back.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, o, log)
+	stop()
+	if err != nil {
 		log.Error("benchmark failed", "err", err)
 		os.Exit(1)
 	}

@@ -232,8 +232,9 @@ func (c *conn) readHere(s *slot) bool {
 // writeHere runs a granted WRITE of whole blocks from the completion
 // handler when nothing it needs is held by anyone else and the store can
 // write the blocks without a copy or a wait (TryWriteBlocks: clusters the
-// volume alone holds or new ones, into the page cache), saving the hand-off to the slot's worker and
-// back (a third of rtarget's CPU per 4 KiB write on the thin store). It
+// volume alone holds or new ones, into the page cache), saving the
+// hand-off to the slot's worker and back (a third of rtarget's CPU per
+// 4 KiB write on the thin store). It
 // reports false, having changed nothing, otherwise; the worker then runs
 // the WRITE as usual, and answers the refusals (reservations, fencing
 // tokens, ranges) itself. FUA writes wait for a commit: always the worker.

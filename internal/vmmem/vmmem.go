@@ -33,8 +33,8 @@ const reportingOrder = "/sys/module/page_reporting/parameters/page_reporting_ord
 // copy-on-write writes (64 KiB of new page cache each) ran at 4.3-6k IOPS
 // with copy_folio_from_iter_atomic, the copy into the new pages, 50 % of
 // rtarget's profile, and at 29-35k with reporting stopped and the free
-// memory touched; 1 MiB writes to a fresh volume at 0.4-0.6 against
-// 1.2-1.3 GB/s. A storage host whose page cache has filled its memory
+// memory touched; 1 MiB writes to a fresh volume at 0.42-0.65 against
+// 1.26-1.36 GB/s. A storage host whose page cache has filled its memory
 // takes new pages from the cache itself and never pays it.
 //
 // It stops the reporting (when the kernel has it and this process may

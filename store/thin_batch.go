@@ -87,6 +87,7 @@ func (b *thinBackend) commit() error {
 		b.syncs.Add(1)
 		return nil
 	}
+	b.pool.space.beforeMeta()
 	var freed []uint64
 	for ops := bt.ops; len(ops) > 0; {
 		n := min(len(ops), b.txnOps)

@@ -82,10 +82,22 @@ func (b *thinBackend) update(fn func(txn *badger.Txn) error) error {
 	if err := b.checkFailed(); err != nil {
 		return err
 	}
+	b.pool.space.beforeMeta()
 	if err := b.db.Update(fn); err != nil {
 		return err
 	}
 	return b.syncMeta()
+}
+
+// grow is update for a change that adds to the metadata (a volume, a
+// snapshot, a clone, a larger size, attributes): on a file system filled
+// below the floor badger needs, it fails with ErrNoSpace instead
+// (spaceGuard.metaRoom). Changes that give space back go through update.
+func (b *thinBackend) grow(fn func(txn *badger.Txn) error) error {
+	if err := b.pool.space.metaRoom(); err != nil {
+		return err
+	}
+	return b.update(fn)
 }
 
 // newVolumeID assigns the id of new volume name, or fails with ErrExists.
@@ -135,7 +147,7 @@ func (b *thinBackend) createVolume(_ context.Context, info VolumeInfo, opts Crea
 	}
 	b.catalogMu.Lock()
 	defer b.catalogMu.Unlock()
-	err := b.update(func(txn *badger.Txn) error {
+	err := b.grow(func(txn *badger.Txn) error {
 		id, err := b.newVolumeID(txn, rec.Name)
 		if err != nil {
 			return err
@@ -443,6 +455,7 @@ func deleteKeys(txn *badger.Txn, keys [][]byte) error {
 // that can be handed out again after it.
 func (b *thinBackend) metaStep(fn func(txn *badger.Txn, drop func(p uint64) error) error) error {
 	b.metaMu.Lock()
+	b.pool.space.beforeMeta()
 	var freed []uint64
 	err := b.db.Update(func(txn *badger.Txn) error {
 		drop := func(p uint64) error {
@@ -520,7 +533,7 @@ func (b *thinBackend) resizeVolume(ctx context.Context, info VolumeInfo, size in
 func (b *thinBackend) setMeta(_ context.Context, info VolumeInfo, meta map[string]string) error {
 	b.catalogMu.Lock()
 	defer b.catalogMu.Unlock()
-	return b.update(func(txn *badger.Txn) error {
+	return b.grow(func(txn *badger.Txn) error {
 		rec, err := b.getRecord(txn, info.Name)
 		if err != nil {
 			return err

@@ -29,7 +29,9 @@ type ThinOptions struct {
 	// Reserve is the free space, in bytes, that data writes leave on the
 	// file system of the store for its metadata: a write that would need
 	// some of it fails with ErrNoSpace (thin_space.go). 0 means 2 % of the
-	// file system's size, at least 64 MiB and at most 1 GiB.
+	// file system's size, at least 64 MiB and at most 1 GiB. Half of it, up
+	// to 64 MiB, the store holds in a file of its own (data/ballast), which
+	// it gives to the metadata if another program fills the file system.
 	Reserve int64
 }
 

@@ -68,7 +68,7 @@ func (b *thinBackend) createSnapshot(ctx context.Context, info VolumeInfo, name 
 	defer resume()
 	var s thinSnap
 	var rec *thinRecord
-	err = b.update(func(txn *badger.Txn) error {
+	err = b.grow(func(txn *badger.Txn) error {
 		var err error
 		if rec, err = b.getRecord(txn, info.Name); err != nil {
 			return err
@@ -210,7 +210,7 @@ func (b *thinBackend) clone(ctx context.Context, origin VolumeInfo, snap string,
 	}
 	var rec *thinRecord
 	var out VolumeInfo
-	err := b.update(func(txn *badger.Txn) error {
+	err := b.grow(func(txn *badger.Txn) error {
 		orec, s, err := b.snapOf(txn, origin.Name, snap)
 		if err != nil {
 			return err

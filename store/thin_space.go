@@ -3,7 +3,9 @@ package store
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 
@@ -36,6 +38,25 @@ type spaceGuard struct {
 
 	mu        sync.Mutex // one statfs at a time
 	effective int64      // the reserve the last statfs worked with (mu)
+	above     int64      // bytes above it the last statfs found (mu)
+
+	// The ballast: space of the reserve the store owns, so that another
+	// process filling the file system cannot take it. A reserve is only
+	// what the store's own writes leave free; the ballast is a file holding
+	// allocated blocks, deleted (its blocks given to badger) when the free
+	// space falls to a quarter of the reserve or to the floor, and
+	// allocated again once the file system has room for it twice over
+	// (maintenance loop).
+	ballast     string // path of the ballast file
+	ballastHeld int64  // bytes it holds on disk (mu)
+	noBallast   bool   // the file system cannot allocate one (mu)
+
+	// floor is the free space below which metadata changes that add to
+	// the database fail (metaRoom): room for badger to flush a full
+	// memtable into a table. Commits of the write batch, deletes and
+	// rollbacks, which give space back, still go on.
+	floor int64
+	free  int64 // what the last statfs found free (mu)
 }
 
 // Bounds of the default reserve: 2 % of the file system's size, at least
@@ -45,21 +66,34 @@ type spaceGuard struct {
 const (
 	minSpaceReserve = 64 << 20
 	maxSpaceReserve = 1 << 30
+	// maxBallast bounds the ballast (half the reserve otherwise): two
+	// memtable logs of 16 MiB and the tables their flush writes.
+	maxBallast = 64 << 20
 )
 
-func newSpaceGuard(reserve int64, log *slog.Logger, dirs ...string) *spaceGuard {
-	return &spaceGuard{dirs: dirs, reserve: reserve, log: log}
+// newSpaceGuard guards the file system of dirs, with the ballast file at
+// ballast (it takes over one left by an earlier run) and metadata growth
+// stopped below floor bytes free.
+func newSpaceGuard(reserve, floor int64, log *slog.Logger, ballast string, dirs ...string) *spaceGuard {
+	g := &spaceGuard{dirs: dirs, reserve: reserve, floor: floor, log: log, ballast: ballast}
+	var st unix.Stat_t
+	if unix.Stat(ballast, &st) == nil {
+		g.ballastHeld = st.Blocks * 512
+	}
+	return g
 }
 
-// refresh reads the free space; it reports the bytes above the reserve.
-func (g *spaceGuard) refresh() (above int64, err error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	free, reserve := int64(-1), g.reserve
+// ballastSize is the ballast's size for a reserve.
+func ballastSize(reserve int64) int64 { return min(reserve/2, maxBallast) &^ (1<<20 - 1) }
+
+// statfs returns the least free space of the guarded directories and the
+// reserve that goes with it.
+func (g *spaceGuard) statfs() (free, reserve int64, err error) {
+	free, reserve = -1, g.reserve
 	for _, d := range g.dirs {
 		var st unix.Statfs_t
 		if err := unix.Statfs(d, &st); err != nil {
-			return 0, fmt.Errorf("free space of %s: %w", d, err)
+			return 0, 0, fmt.Errorf("free space of %s: %w", d, err)
 		}
 		f := int64(st.Bavail) * st.Bsize
 		if free < 0 || f < free {
@@ -69,8 +103,33 @@ func (g *spaceGuard) refresh() (above int64, err error) {
 			reserve = max(reserve, min(max(int64(st.Blocks)*st.Bsize/50, minSpaceReserve), maxSpaceReserve))
 		}
 	}
+	return free, reserve, nil
+}
+
+// refresh reads the free space; it reports the bytes above the reserve.
+// Free space down to a quarter of the reserve, or to the floor, means
+// someone else is filling the file system (the store's own writes stop at
+// the reserve): the ballast goes, and its blocks are free for badger.
+func (g *spaceGuard) refresh() (above int64, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	free, reserve, err := g.statfs()
+	if err != nil {
+		return 0, err
+	}
+	if g.ballastHeld > 0 && free <= max(reserve/4, g.floor) {
+		if err := os.Remove(g.ballast); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return 0, fmt.Errorf("release the ballast: %w", err)
+		}
+		g.log.Warn("the file system of the store is almost full: released the space kept for the metadata",
+			"data", g.dirs[0], "free_bytes", free, "reserve_bytes", reserve, "released_bytes", g.ballastHeld)
+		g.ballastHeld = 0
+		if free, reserve, err = g.statfs(); err != nil {
+			return 0, err
+		}
+	}
 	above = free - reserve
-	g.effective = reserve
+	g.effective, g.above, g.free = reserve, above, free
 	g.budget.Store(max(above/2, 0))
 	// Hysteresis: full at the reserve (or when a write was refused), free
 	// again only with a sixteenth of the reserve above it, so that a file
@@ -82,6 +141,78 @@ func (g *spaceGuard) refresh() (above int64, err error) {
 		g.setLow(false, free, reserve)
 	}
 	return above, nil
+}
+
+// beforeMeta runs before each metadata transaction: badger's log takes new
+// blocks through a memory map, where a full file system is fatal, so the
+// ballast goes first if someone else has filled it since the last statfs.
+// An error of statfs leaves things as they were: the caller's own write
+// reports the file system's state.
+func (g *spaceGuard) beforeMeta() { g.refresh() }
+
+// metaRoom reports whether a metadata change that adds to the database
+// may go ahead: on a file system filled below the floor it fails with
+// ErrNoSpace, where badger's next new page could have killed the process.
+func (g *spaceGuard) metaRoom() error {
+	if _, err := g.refresh(); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	free := g.free
+	g.mu.Unlock()
+	if free < g.floor {
+		return fmt.Errorf("%w (the file system has %d bytes free, the metadata keeps %d: "+
+			"volumes, snapshots and clones are made again once space is freed)", ErrNoSpace, free, g.floor)
+	}
+	return nil
+}
+
+// keepBallast allocates the ballast, or the part of it missing, when the
+// last statfs found room for it twice over above the reserve. The store
+// calls it at open and from its maintenance loop, never on the data path.
+func (g *spaceGuard) keepBallast() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	want := ballastSize(g.effective)
+	missing := want - g.ballastHeld
+	if missing <= 0 || g.above < 2*missing || g.noBallast {
+		return nil
+	}
+	fd, err := unix.Open(g.ballast, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("ballast: %w", err)
+	}
+	defer unix.Close(fd)
+	for {
+		err = unix.Fallocate(fd, 0, 0, want)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		g.noBallast = true
+		g.log.Info("no space kept for the metadata: the file system cannot allocate without writing",
+			"data", g.dirs[0])
+		return nil
+	}
+	if err != nil {
+		// ENOSPC may leave some blocks allocated: count what is there.
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) == nil {
+			g.ballastHeld = st.Blocks * 512
+		}
+		return fmt.Errorf("ballast of %d bytes: %w", want, err)
+	}
+	if err := unix.Fsync(fd); err != nil {
+		return fmt.Errorf("ballast: %w", err)
+	}
+	if g.ballastHeld == 0 {
+		g.log.Info("space kept for the metadata", "data", g.dirs[0], "ballast_bytes", want)
+	}
+	g.ballastHeld = want
+	g.above -= missing
+	g.budget.Store(max(g.above/2, 0))
+	return nil
 }
 
 // setLow records whether the file system is at the store's reserve, and

@@ -4,9 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rnic-dev/rnic/internal/loopfs"
 	"github.com/rnic-dev/rnic/store"
@@ -33,13 +38,7 @@ func TestThinFullFileSystem(t *testing.T) {
 			s.Close()
 		}
 	}()
-	if _, err := s.CreateVolume(ctx, "v", 1<<30, store.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	v, err := s.OpenVolume(ctx, "v")
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := createOpen(t, s, "v", 1<<30)
 	const mib = 1 << 20
 	const per = mib / store.BlockSize
 	written := uint64(0) // whole MiBs acknowledged
@@ -136,15 +135,190 @@ func TestThinFullFileSystem(t *testing.T) {
 		}
 	}
 	storeCheck(s)
-	if err := s.Close(); err != nil {
+	s2 := reopenThin(t, &s, dir, opts)
+	storeCheck(s2)
+	store.CheckThin(t, s2)
+}
+
+// TestThinBallast fills the file system under a thin store from outside
+// it, as another program would: the store's reserve is then gone, but its
+// ballast is not. The first metadata transaction after that gives the
+// ballast's blocks to badger, so that snapshots, volume creates, trims and
+// commits go on (the log they append to takes new blocks through a memory
+// map: without free blocks the process dies of SIGBUS), while writes into
+// new clusters fail with ErrNoSpace. Once the other program's file is
+// gone, the ballast comes back; everything acknowledged reads back after a
+// reopen.
+func TestThinBallast(t *testing.T) {
+	ctx := context.Background()
+	mnt := loopfs.Ext4(t, 160<<20)
+	dir := filepath.Join(mnt, "store")
+	opts := store.ThinOptions{Reserve: 32 << 20}
+	s, err := store.OpenThin(dir, opts)
+	if err != nil {
 		t.Fatal(err)
 	}
-	s = nil
+	defer func() {
+		if s != nil {
+			s.Close()
+		}
+	}()
+	ballast := filepath.Join(dir, "data", "ballast")
+	held := func() int64 {
+		var st unix.Stat_t
+		if err := unix.Stat(ballast, &st); err != nil {
+			return 0
+		}
+		return st.Blocks * 512
+	}
+	if got := held(); got < 16<<20 { // half the reserve
+		t.Fatalf("ballast holds %d bytes, want %d", got, 16<<20)
+	}
+	v := createOpen(t, s, "v", 1<<30)
+	const mib = 1 << 20
+	const per = mib / store.BlockSize
+	for m := uint64(0); m < 8; m++ {
+		if err := v.WriteBlocks(ctx, m*per, storetest.Pattern(m*per, per, 1), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := v.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another program takes every free block.
+	other := filepath.Join(mnt, "other")
+	f, err := os.Create(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, mib)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			if !errors.Is(err, unix.ENOSPC) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Metadata keeps working: a few MiB of badger log and tables (each
+	// snapshot rewrites the volume's record, which lists them all).
+	for i := range 150 {
+		if _, err := s.CreateSnapshot(ctx, "v", fmt.Sprintf("snapshot-%03d-%s", i, strings.Repeat("x", 100))); err != nil {
+			t.Fatalf("snapshot %d on a file system filled by another program: %v", i, err)
+		}
+		if i == 0 && held() != 0 {
+			t.Fatal("the ballast is still there after the first transaction on a full file system")
+		}
+		if err := v.Trim(ctx, uint64(i%8)*per, 16); err != nil {
+			t.Fatalf("trim %d: %v", i, err)
+		}
+		if err := v.Flush(ctx); err != nil {
+			t.Fatalf("flush %d: %v", i, err)
+		}
+	}
+	if _, err := s.CreateVolume(ctx, "w", 1<<30, store.CreateOptions{}); err != nil {
+		t.Fatalf("create a volume: %v", err)
+	}
+	if err := v.WriteBlocks(ctx, 100*per, storetest.Pattern(100*per, per, 2), false); !errors.Is(err, store.ErrNoSpace) {
+		t.Fatalf("write into new clusters on a full file system: %v, want ErrNoSpace", err)
+	}
+	// Past the ballast, metadata that adds to the database is refused
+	// before badger runs out of blocks; what gives space back goes on.
+	snaps := 150
+	for ; ; snaps++ {
+		_, err := s.CreateSnapshot(ctx, "v", fmt.Sprintf("snapshot-%03d-%s", snaps, strings.Repeat("x", 100)))
+		if errors.Is(err, store.ErrNoSpace) {
+			break
+		}
+		if err != nil || snaps == 3000 {
+			t.Fatalf("snapshot %d on a full file system: %v, want ErrNoSpace by now", snaps, err)
+		}
+	}
+	t.Logf("%d snapshots, then ErrNoSpace", snaps)
+	if _, err := s.CreateVolume(ctx, "x", 1<<30, store.CreateOptions{}); !errors.Is(err, store.ErrNoSpace) {
+		t.Fatalf("create a volume below the floor: %v, want ErrNoSpace", err)
+	}
+	if err := s.DeleteSnapshot(ctx, "v", fmt.Sprintf("snapshot-%03d-%s", 0, strings.Repeat("x", 100))); err != nil {
+		t.Fatalf("delete a snapshot below the floor: %v", err)
+	}
+	snaps--
+	if err := v.Trim(ctx, 7*per, 16); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Flush(ctx); err != nil {
+		t.Fatalf("flush below the floor: %v", err)
+	}
+
+	// The other program's file goes: within a few of the store's
+	// one-second checks the ballast is back.
+	if err := os.Remove(other); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for held() < 16<<20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("ballast holds %d bytes 20 s after space came back", held())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := v.WriteBlocks(ctx, 100*per, storetest.Pattern(100*per, per, 2), false); err != nil {
+		t.Fatalf("write into new clusters with space again: %v", err)
+	}
+	if _, err := s.CreateSnapshot(ctx, "v", "after"); err != nil {
+		t.Fatalf("snapshot with space again: %v", err)
+	}
+	if err := v.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := reopenThin(t, &s, dir, opts)
+	v2, err := s2.OpenVolume(ctx, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v2.Close()
+	got := make([]byte, mib)
+	for _, m := range []uint64{0, 1, 2, 3, 4, 5, 6, 7, 100} {
+		want := storetest.Pattern(m*per, per, 1)
+		if m == 100 {
+			want = storetest.Pattern(m*per, per, 2)
+		} else {
+			clear(want[:16*store.BlockSize]) // trimmed
+		}
+		if err := v2.ReadBlocks(ctx, m*per, got); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("MiB %d differs from what was written", m)
+		}
+	}
+	info, err := s2.StatVolume(ctx, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Snapshots) != snaps+1 {
+		t.Fatalf("volume v has %d snapshots after the reopen, want %d", len(info.Snapshots), snaps+1)
+	}
+	store.CheckThin(t, s2)
+}
+
+// reopenThin closes the store *s holds, leaving nil there for the test's
+// deferred close, and opens dir again; the new store is closed when the
+// test ends.
+func reopenThin(t *testing.T, s *store.Store, dir string, opts store.ThinOptions) store.Store {
+	t.Helper()
+	if err := (*s).Close(); err != nil {
+		t.Fatal(err)
+	}
+	*s = nil
 	s2, err := store.OpenThin(dir, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s2.Close()
-	storeCheck(s2)
-	store.CheckThin(t, s2)
+	t.Cleanup(func() { s2.Close() })
+	return s2
 }

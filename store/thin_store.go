@@ -23,6 +23,8 @@ import (
 const (
 	thinMetaDir = "meta"
 	thinDataDir = "data"
+	// ballastName is the ballast file in the data directory (thin_space.go).
+	ballastName = "ballast"
 )
 
 // thinFormat is the format record of a thin store.
@@ -175,9 +177,13 @@ func (b *thinBackend) start() error {
 	b.cs = f.ClusterSize
 	b.cb = uint64(b.cs / BlockSize)
 	b.pool = newDataPool(filepath.Join(b.dir, thinDataDir), b.cs,
-		newSpaceGuard(b.opts.Reserve, b.log, filepath.Join(b.dir, thinDataDir), filepath.Join(b.dir, thinMetaDir)))
+		newSpaceGuard(b.opts.Reserve, b.opts.MemTableSize*3/2, b.log, filepath.Join(b.dir, thinDataDir, ballastName),
+			filepath.Join(b.dir, thinDataDir), filepath.Join(b.dir, thinMetaDir)))
 	if _, err := b.pool.space.refresh(); err != nil {
 		return err
+	}
+	if err := b.pool.space.keepBallast(); err != nil {
+		b.log.Warn("free space", "err", err)
 	}
 	if err := b.checkDataHeader(f); err != nil {
 		return err
@@ -386,6 +392,8 @@ func (b *thinBackend) maintain(ctx context.Context) {
 		case <-t.C:
 			// Other writers of the file system, and space given back.
 			if _, err := b.pool.space.refresh(); err != nil {
+				b.log.Warn("free space", "err", err)
+			} else if err := b.pool.space.keepBallast(); err != nil {
 				b.log.Warn("free space", "err", err)
 			}
 		case <-b.kick:

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -21,14 +23,7 @@ func TestFullFileSystem(t *testing.T) {
 	data := filepath.Join(loopfs.Ext4(t, 160<<20), "data")
 	s := newStack(t, data)
 	rt, _ := bins(t)
-	qemuIO := func(cmds ...string) (string, error) {
-		args := []string{"-f", "raw", s.uri()}
-		for _, c := range cmds {
-			args = append(args, "-c", c)
-		}
-		out, err := exec.Command("qemu-io", args...).CombinedOutput()
-		return string(out), err
-	}
+	qemuIO := func(cmds ...string) (string, error) { return qemuIOCmds(s, cmds...) }
 	if out, err := qemuIO("write -P 0x5a 0 16M"); err != nil || strings.Contains(out, "failed") {
 		t.Fatalf("first 16 MiB: %v\n%s", err, out)
 	}
@@ -53,6 +48,92 @@ func TestFullFileSystem(t *testing.T) {
 		t.Fatalf("snapshot: %s", out)
 	}
 	if log := s.target.output(); !strings.Contains(log, "the file system of the store is full") ||
+		strings.Contains(log, "SIGBUS") {
+		t.Fatalf("rtarget's log:\n%s", log)
+	}
+}
+
+// qemuIOCmds runs qemu-io's commands cmds on the stack's NBD export.
+func qemuIOCmds(s *stack, cmds ...string) (string, error) {
+	args := []string{"-f", "raw", s.uri()}
+	for _, c := range cmds {
+		args = append(args, "-c", c)
+	}
+	out, err := exec.Command("qemu-io", args...).CombinedOutput()
+	return string(out), err
+}
+
+// TestFileSystemFilledByAnother fills the file system of a served thin
+// store from outside rtarget, as another program would, past the reserve
+// rtarget's own writes leave. rtarget gives its ballast to the metadata
+// and goes on: NBD writes into new space get ENOSPC, reads and overwrites
+// work, snapshots are taken through the control socket. The store before
+// the ballast died of SIGBUS at the first snapshot in this state.
+func TestFileSystemFilledByAnother(t *testing.T) {
+	needTools(t, "qemu-io")
+	mnt := loopfs.Ext4(t, 160<<20)
+	data := filepath.Join(mnt, "data")
+	s := newStack(t, data)
+	rt, _ := bins(t)
+	if out, err := qemuIOCmds(s, "write -P 0x5a 0 16M", "flush"); err != nil || strings.Contains(out, "failed") {
+		t.Fatalf("first 16 MiB: %v\n%s", err, out)
+	}
+	other := filepath.Join(mnt, "other")
+	f, err := os.Create(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1<<20)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			break // ENOSPC
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// In place, an overwrite takes no space; new space gets ENOSPC.
+	out, err := qemuIOCmds(s, "read -P 0x5a 0 16M", "write -P 0x77 0 1M", "flush", "read -P 0x77 0 1M")
+	if err != nil || strings.Contains(out, "failed") {
+		t.Fatalf("reads and an overwrite on a full file system: %v\n%s", err, out)
+	}
+	out, _ = qemuIOCmds(s, "write -P 0x6b 32M 8M", "flush")
+	if !strings.Contains(out, "write failed: No space left on device") || strings.Contains(out, "flush failed") {
+		t.Fatalf("a write into new space, then a flush, on a full file system:\n%s", out)
+	}
+	for i := range 5 {
+		snap := fmt.Sprintf("s%d", i)
+		if out := run(t, time.Minute, rt, "volume", "snapshot", "--data", data, "vol", snap); !strings.Contains(out, "created snapshot") {
+			t.Fatalf("snapshot %s on a file system filled by another program: %s", snap, out)
+		}
+	}
+	// After a snapshot, an overwrite is a copy into new space.
+	out, _ = qemuIOCmds(s, "write -P 0x78 1M 1M", "read -P 0x5a 1M 15M")
+	if !strings.Contains(out, "write failed: No space left on device") || strings.Contains(out, "verification failed") {
+		t.Fatalf("an overwrite of a snapshotted block, and reads, on a full file system:\n%s", out)
+	}
+	select {
+	case err := <-s.target.done:
+		s.target.done <- err
+		t.Fatalf("rtarget exited on a file system filled by another program: %v\n%s", err, s.target.output())
+	default:
+	}
+	if err := os.Remove(other); err != nil {
+		t.Fatal(err)
+	}
+	// Within the store's one-second checks, new space is taken again.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out, err := qemuIOCmds(s, "write -P 0x6b 32M 8M", "flush", "read -P 0x6b 32M 8M")
+		if err == nil && !strings.Contains(out, "failed") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("writes into new space 20 s after space came back: %v\n%s", err, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if log := s.target.output(); !strings.Contains(log, "released the space kept for the metadata") ||
 		strings.Contains(log, "SIGBUS") {
 		t.Fatalf("rtarget's log:\n%s", log)
 	}

@@ -21,7 +21,8 @@ func init() {
 				EnvVars: []string{"RTARGET_CLUSTER_SIZE"}},
 				&cli.StringFlag{Name: "reserve", Value: "auto", Usage: "thin: free space that data writes leave on the " +
 					"file system of --data for the metadata; a write that needs more fails with ENOSPC. auto: 2% of the " +
-					"file system, at least 64M, at most 1G", EnvVars: []string{"RTARGET_RESERVE"}}}
+					"file system, at least 64M, at most 1G. Half of it (at most 64M) is held in the file data/ballast, " +
+					"given to the metadata if another program fills the file system", EnvVars: []string{"RTARGET_RESERVE"}}}
 		},
 		open: func(c *cli.Context, log *slog.Logger, _ bool) (store.Store, error) {
 			opts, err := thinOptions(c, log)

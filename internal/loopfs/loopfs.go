@@ -12,7 +12,9 @@ import (
 )
 
 // Ext4 mounts a new ext4 file system of size bytes and returns its mount
-// point, unmounted when the test ends. It skips the test where that cannot
+// point, unmounted when the test ends. It keeps no blocks for root (mkfs
+// -m 0): tests run as root, and a full file system is then full for every
+// process, as statfs's available count says. It skips the test where that cannot
 // be done: not root, or no mkfs.ext4 (make deps installs e2fsprogs).
 func Ext4(t testing.TB, size int64) string {
 	t.Helper()
@@ -39,7 +41,7 @@ func Ext4(t testing.TB, size int64) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, cmd := range [][]string{{"mkfs.ext4", "-q", "-F", img}, {"mount", "-o", "loop", img, mnt}} {
+	for _, cmd := range [][]string{{"mkfs.ext4", "-q", "-F", "-m", "0", img}, {"mount", "-o", "loop", img, mnt}} {
 		if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
 			t.Fatalf("%s: %v\n%s", strings.Join(cmd, " "), err, out)
 		}

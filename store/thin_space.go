@@ -50,6 +50,7 @@ type spaceGuard struct {
 	ballast     string // path of the ballast file
 	ballastHeld int64  // bytes it holds on disk (mu)
 	noBallast   bool   // the file system cannot allocate one (mu)
+	released    bool   // the ballast was given to the metadata (mu)
 
 	// floor is the free space below which metadata changes that add to
 	// the database fail (metaRoom): room for badger to flush a full
@@ -123,7 +124,7 @@ func (g *spaceGuard) refresh() (above int64, err error) {
 		}
 		g.log.Warn("the file system of the store is almost full: released the space kept for the metadata",
 			"data", g.dirs[0], "free_bytes", free, "reserve_bytes", reserve, "released_bytes", g.ballastHeld)
-		g.ballastHeld = 0
+		g.ballastHeld, g.released = 0, true
 		if free, reserve, err = g.statfs(); err != nil {
 			return 0, err
 		}
@@ -206,8 +207,13 @@ func (g *spaceGuard) keepBallast() error {
 	if err := unix.Fsync(fd); err != nil {
 		return fmt.Errorf("ballast: %w", err)
 	}
-	if g.ballastHeld == 0 {
-		g.log.Info("space kept for the metadata", "data", g.dirs[0], "ballast_bytes", want)
+	switch {
+	case g.released:
+		// The counterpart of the release's warning.
+		g.log.Info("space kept for the metadata again", "data", g.dirs[0], "ballast_bytes", want)
+		g.released = false
+	case g.ballastHeld == 0:
+		g.log.Debug("space kept for the metadata", "data", g.dirs[0], "ballast_bytes", want)
 	}
 	g.ballastHeld = want
 	g.above -= missing

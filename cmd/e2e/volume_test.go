@@ -150,7 +150,8 @@ func TestOnlineManagement(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	fio := exec.CommandContext(ctx, "fio", "--name=online", "--ioengine=nbd", "--uri="+s.uri(), "--rw=randwrite", "--bs=4k",
-		"--iodepth=16", "--size=192m", "--verify=crc32c", "--verify_backlog=256", "--verify_fatal=1")
+		"--iodepth=16", "--size=192m", "--verify=crc32c", "--verify_backlog=256", "--verify_fatal=1",
+		"--verify_state_save=0") // no state file left in the package directory
 	var fioOut bytes.Buffer
 	fio.Stdout, fio.Stderr = &fioOut, &fioOut
 	if err := fio.Start(); err != nil {

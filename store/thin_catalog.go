@@ -76,28 +76,31 @@ func (b *thinBackend) records(txn *badger.Txn) ([]*thinRecord, error) {
 
 // update runs fn in a metadata transaction (metaMu held) and makes it
 // durable.
-func (b *thinBackend) update(fn func(txn *badger.Txn) error) error {
+func (b *thinBackend) update(fn func(txn *badger.Txn) error) error { return b.transact(false, fn) }
+
+// grow is update for a change that adds to the metadata (a volume, a
+// snapshot, a clone, attributes): on a file system filled below the floor
+// badger needs, it fails with ErrNoSpace instead (spaceGuard.metaRoom).
+// Changes that give space back go through update.
+func (b *thinBackend) grow(fn func(txn *badger.Txn) error) error { return b.transact(true, fn) }
+
+func (b *thinBackend) transact(grows bool, fn func(txn *badger.Txn) error) error {
 	b.metaMu.Lock()
 	defer b.metaMu.Unlock()
 	if err := b.checkFailed(); err != nil {
 		return err
 	}
-	b.pool.space.beforeMeta()
+	if grows {
+		if err := b.pool.space.metaRoom(); err != nil {
+			return err
+		}
+	} else {
+		b.pool.space.beforeMeta()
+	}
 	if err := b.db.Update(fn); err != nil {
 		return err
 	}
 	return b.syncMeta()
-}
-
-// grow is update for a change that adds to the metadata (a volume, a
-// snapshot, a clone, a larger size, attributes): on a file system filled
-// below the floor badger needs, it fails with ErrNoSpace instead
-// (spaceGuard.metaRoom). Changes that give space back go through update.
-func (b *thinBackend) grow(fn func(txn *badger.Txn) error) error {
-	if err := b.pool.space.metaRoom(); err != nil {
-		return err
-	}
-	return b.update(fn)
 }
 
 // newVolumeID assigns the id of new volume name, or fails with ErrExists.

@@ -27,17 +27,8 @@ import (
 // block and the process died of SIGBUS.
 func TestThinFullFileSystem(t *testing.T) {
 	ctx := context.Background()
-	dir := filepath.Join(loopfs.Ext4(t, 160<<20), "store")
-	opts := store.ThinOptions{Reserve: 32 << 20}
-	s, err := store.OpenThin(dir, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if s != nil {
-			s.Close()
-		}
-	}()
+	l := openLoopThin(t)
+	s := l.s
 	v := createOpen(t, s, "v", 1<<30)
 	const mib = 1 << 20
 	const per = mib / store.BlockSize
@@ -135,7 +126,7 @@ func TestThinFullFileSystem(t *testing.T) {
 		}
 	}
 	storeCheck(s)
-	s2 := reopenThin(t, &s, dir, opts)
+	s2 := l.reopen(t)
 	storeCheck(s2)
 	store.CheckThin(t, s2)
 }
@@ -151,18 +142,8 @@ func TestThinFullFileSystem(t *testing.T) {
 // reopen.
 func TestThinBallast(t *testing.T) {
 	ctx := context.Background()
-	mnt := loopfs.Ext4(t, 160<<20)
-	dir := filepath.Join(mnt, "store")
-	opts := store.ThinOptions{Reserve: 32 << 20}
-	s, err := store.OpenThin(dir, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if s != nil {
-			s.Close()
-		}
-	}()
+	l := openLoopThin(t)
+	s, mnt, dir := l.s, l.mnt, l.dir
 	ballast := filepath.Join(dir, "data", "ballast")
 	held := func() int64 {
 		var st unix.Stat_t
@@ -275,7 +256,7 @@ func TestThinBallast(t *testing.T) {
 	if err := v.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s2 := reopenThin(t, &s, dir, opts)
+	s2 := l.reopen(t)
 	v2, err := s2.OpenVolume(ctx, "v")
 	if err != nil {
 		t.Fatal(err)
@@ -306,19 +287,39 @@ func TestThinBallast(t *testing.T) {
 	store.CheckThin(t, s2)
 }
 
-// reopenThin closes the store *s holds, leaving nil there for the test's
-// deferred close, and opens dir again; the new store is closed when the
-// test ends.
-func reopenThin(t *testing.T, s *store.Store, dir string, opts store.ThinOptions) store.Store {
+// loopThin is a thin store, with a 32 MiB reserve, on a 160 MiB ext4 of
+// its own.
+type loopThin struct {
+	mnt, dir string
+	s        store.Store // closed when the test ends
+}
+
+func openLoopThin(t *testing.T) *loopThin {
 	t.Helper()
-	if err := (*s).Close(); err != nil {
-		t.Fatal(err)
+	mnt := loopfs.Ext4(t, 160<<20)
+	l := &loopThin{mnt: mnt, dir: filepath.Join(mnt, "store")}
+	l.reopen(t)
+	t.Cleanup(func() {
+		if l.s != nil {
+			l.s.Close()
+		}
+	})
+	return l
+}
+
+// reopen closes the store, if open, and opens it again.
+func (l *loopThin) reopen(t *testing.T) store.Store {
+	t.Helper()
+	if l.s != nil {
+		if err := l.s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		l.s = nil
 	}
-	*s = nil
-	s2, err := store.OpenThin(dir, opts)
+	s, err := store.OpenThin(l.dir, store.ThinOptions{Reserve: 32 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s2.Close() })
-	return s2
+	l.s = s
+	return s
 }

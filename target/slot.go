@@ -234,10 +234,10 @@ func (c *conn) readHere(s *slot) bool {
 // write the blocks without a copy or a wait (TryWriteBlocks: clusters the
 // volume alone holds or new ones, into the page cache), saving the
 // hand-off to the slot's worker and back (a third of rtarget's CPU per
-// 4 KiB write on the thin store). It
-// reports false, having changed nothing, otherwise; the worker then runs
-// the WRITE as usual, and answers the refusals (reservations, fencing
-// tokens, ranges) itself. FUA writes wait for a commit: always the worker.
+// 4 KiB write on the thin store). It reports false, having changed
+// nothing, otherwise; the worker then runs the WRITE as usual, and answers
+// the refusals (reservations, fencing tokens, ranges) itself. FUA writes
+// wait for a commit: always the worker.
 func (c *conn) writeHere(s *slot) bool {
 	m := blockproto.Command(s.cmd[:])
 	off, n := m.Offset(), m.Length()

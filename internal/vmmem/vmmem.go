@@ -54,7 +54,7 @@ func SteadyMemory(reserve int64, log *slog.Logger) (restore func(), err error) {
 			}
 		}
 	}
-	n, d, err := TouchFreeMemory(reserve)
+	n, d, err := touchFreeMemory(reserve)
 	if err != nil {
 		restore()
 		return func() {}, err
@@ -63,11 +63,11 @@ func SteadyMemory(reserve int64, log *slog.Logger) (restore func(), err error) {
 	return restore, nil
 }
 
-// TouchFreeMemory writes once to all but reserve bytes of the memory the
+// touchFreeMemory writes once to all but reserve bytes of the memory the
 // kernel has free, and gives it back (see SteadyMemory).
 //
 // It returns how many bytes it touched and how long that took.
-func TouchFreeMemory(reserve int64) (int64, time.Duration, error) {
+func touchFreeMemory(reserve int64) (int64, time.Duration, error) {
 	free, err := memFree()
 	if err != nil {
 		return 0, 0, err

@@ -38,7 +38,8 @@
 // allocated as a contiguous run, so a large request is one system call.
 // Writes are issued in pieces of at most 64 KiB (thin_pool.go, writeChunk):
 // larger page-cache folios make every later 4 KiB write into them walk the
-// whole folio in ext4.
+// whole folio in ext4. On XFS, whose writes walk no such list, they are
+// issued whole: its large folios make later reads cheaper.
 //
 // Why 64 KiB: the cost of a first write to a cluster shared with a
 // snapshot is a read and a write of the whole cluster (BenchmarkCopyOnWrite:

@@ -13,3 +13,7 @@ func CheckThin(t *testing.T, s Store) {
 		t.Fatalf("thin store check: %v", err)
 	}
 }
+
+// WriteChunk is the most bytes the thin store s writes to its data files
+// per pwrite (0: no bound): see writeChunkFor.
+func WriteChunk(s Store) int64 { return s.(*volumeStore).be.(*thinBackend).pool.chunk }

@@ -64,19 +64,25 @@ func TestThinModel(t *testing.T) {
 				}
 				return s
 			}
-			storetest.Model(t, storetest.ModelOptions{
-				Open: open,
-				Reopen: func(t *testing.T, s store.Store) store.Store {
-					if err := s.Close(); err != nil {
-						t.Fatalf("close: %v", err)
-					}
-					return open(t)
-				},
-				Check: store.CheckThin,
-				Steps: modelSteps,
-			})
+			thinModel(t, open)
 		})
 	}
+}
+
+// thinModel runs the model over the thin store open opens, reopening it
+// (close, open) where the model says and checking its invariants.
+func thinModel(t *testing.T, open func(*testing.T) store.Store) {
+	storetest.Model(t, storetest.ModelOptions{
+		Open: open,
+		Reopen: func(t *testing.T, s store.Store) store.Store {
+			if err := s.Close(); err != nil {
+				t.Fatalf("close: %v", err)
+			}
+			return open(t)
+		},
+		Check: store.CheckThin,
+		Steps: modelSteps,
+	})
 }
 
 // TestThinTryReadAllocs: TryReadBlocks, the completion handler's read,

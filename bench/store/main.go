@@ -5,6 +5,7 @@
 //
 //	go run ./bench/store                 # 3 repetitions, 5 s per job, ~8 minutes
 //	go run ./bench/store -reps 1 -runtime 3
+//	go run ./bench/store -dir /mnt/xfs -out bench/results/xfs   # the stores on another file system
 //
 // Scenarios, each on a new rtarget per system and repetition:
 //
@@ -43,6 +44,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rnic-dev/rnic/internal/benchkit"
 	"github.com/rnic-dev/rnic/internal/vmmem"
 )
@@ -53,6 +56,7 @@ type options struct {
 	fullSize           string
 	cowRounds          int
 	steadyMemory       bool
+	dir                string
 }
 
 // Result is one fio job of one system in one repetition.
@@ -91,6 +95,8 @@ func main() {
 	flag.IntVar(&o.cowRounds, "cow-rounds", 3, "snapshot + first writes + plain writes rounds per repetition")
 	flag.BoolVar(&o.steadyMemory, "steady-memory", true, "stop the VM's free page reporting for the run and write once to "+
 		"the free memory, so that new page-cache pages cost no fault in the host (see vmmem.SteadyMemory)")
+	flag.StringVar(&o.dir, "dir", "", "directory under which the stores are made (default: the temporary directory); "+
+		"its file system decides how the thin store writes its data files (store/thin_pool.go, writeChunk)")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	// Interrupted, the run stops its fio and processes and returns, so
@@ -114,7 +120,7 @@ type stack struct {
 }
 
 func run(ctx context.Context, o options, log *slog.Logger) error {
-	work, err := os.MkdirTemp("", "rnic-store-bench")
+	work, err := os.MkdirTemp(o.dir, "rnic-store-bench")
 	if err != nil {
 		return err
 	}
@@ -249,10 +255,13 @@ func startStack(ctx context.Context, bin, work, sys string, rep int, o options) 
 	return st, nil
 }
 
+// stop stops the processes and deletes the store: a repetition's jobs
+// write several GiB to the fresh volume.
 func (st *stack) stop() {
 	for _, c := range append(st.inits, st.rt) {
 		benchkit.StopProc(c, 60*time.Second)
 	}
+	os.RemoveAll(st.data)
 }
 
 func tail(path string) string {
@@ -327,7 +336,8 @@ func report(o options, results []Result, snaps []Snapshot, cow, plain []float64)
 	fmt.Fprintf(&b, "# The default store (thin) against the memory store\n\n")
 	fmt.Fprintf(&b, "`go run ./bench/store -reps %d -runtime %d`, %s: fio (nbd engine) -> rinit nbd -> rtarget, default flags, "+
 		"the two systems interleaved in each of %d repetitions (a new rtarget each time); medians. Rates are IOPS (4K) or "+
-		"MB/s (1M). Target: thin >= 0.9x memory.\n\n", o.reps, o.runtime, time.Now().UTC().Format("2006-01-02"), o.reps)
+		"MB/s (1M). Target: thin >= 0.9x memory. The stores' file system: %s.\n\n", o.reps, o.runtime,
+		time.Now().UTC().Format("2006-01-02"), o.reps, fsName(o.dir))
 	if o.steadyMemory {
 		fmt.Fprintf(&b, "With `-steady-memory` (the default): the VM's free page reporting stopped for the run and its free "+
 			"memory written once before the jobs, so that a job growing the page cache pays what a long-running host pays, "+
@@ -409,4 +419,26 @@ func yes(b bool) string {
 		return "yes"
 	}
 	return "no"
+}
+
+// fsName names the file system of dir ("" for the temporary directory).
+func fsName(dir string) string {
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	switch st.Type {
+	case unix.EXT4_SUPER_MAGIC:
+		return "ext4"
+	case unix.XFS_SUPER_MAGIC:
+		return "xfs"
+	case unix.BTRFS_SUPER_MAGIC:
+		return "btrfs"
+	case unix.TMPFS_MAGIC:
+		return "tmpfs"
+	}
+	return fmt.Sprintf("type 0x%x", st.Type)
 }

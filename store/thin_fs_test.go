@@ -32,7 +32,9 @@ func TestThinOnXFS(t *testing.T) {
 				return s
 			}
 			if fs.name != "xfs" {
-				open(t).Close()
+				if err := open(t).Close(); err != nil {
+					t.Fatal(err)
+				}
 				return // the model runs on ext4 in TestThinModel
 			}
 			thinModel(t, open)

@@ -38,24 +38,30 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// forwardPort returns a port for Config.Forwards: free a moment ago and
-// below the kernel's ephemeral range (32768 and up), so that no outgoing
-// connection of a test running beside this one (go test runs packages in
-// parallel) can take it before QEMU binds its forward; a port from
-// freePort could be, and QEMU then stops at once.
-func forwardPort(t *testing.T) int {
+// forwardPorts returns n distinct ports for Config.Forwards: free a moment
+// ago and below the kernel's ephemeral range (32768 and up), so that no
+// outgoing connection of a test running beside this one (go test runs
+// packages in parallel) can take one before QEMU binds its forward; a port
+// from freePort could be, and QEMU then stops at once. They are distinct
+// because each is free again once checked: QEMU refuses a port forwarded
+// twice (two calls of a one-port version, close together, once returned
+// the same port).
+func forwardPorts(t *testing.T, n int) []int {
 	t.Helper()
 	const lo, hi = 20000, 32768
 	start := lo + int(time.Now().UnixNano()%int64(hi-lo))
-	for i := range hi - lo {
+	ports := make([]int, 0, n)
+	for i := 0; i < hi-lo && len(ports) < n; i++ {
 		p := lo + (start-lo+i)%(hi-lo)
 		if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p))); err == nil {
 			l.Close()
-			return p
+			ports = append(ports, p)
 		}
 	}
-	t.Fatal("no free port below 32768")
-	return 0
+	if len(ports) < n {
+		t.Fatalf("only %d of %d free ports below 32768", len(ports), n)
+	}
+	return ports
 }
 
 // startNBDKit serves a 64 MiB RAM disk with nbdkit on 127.0.0.1:port until

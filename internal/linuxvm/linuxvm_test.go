@@ -86,7 +86,7 @@ func TestVM(t *testing.T) {
 
 func testVariant(t *testing.T, cache string, v Variant) {
 	testStart := time.Now()
-	serverPort, nbdPort := forwardPort(t), freePort(t)
+	serverPort, nbdPort := forwardPorts(t, 1)[0], freePort(t)
 	proxy := newTapProxy(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(serverPort)))
 	startNBDKit(t, nbdPort)
 	share := t.TempDir()

@@ -51,11 +51,10 @@ func testResponder(t *testing.T, cache string, v Variant) {
 	}
 	// One port per scenario: a closed connection leaves the port busy (TIME_WAIT)
 	// for rdma_bind_addr for a minute.
-	ports := make([]int, len(scenarios))
+	ports := forwardPorts(t, len(scenarios))
 	portList := make([]string, len(scenarios))
-	for i := range ports {
-		ports[i] = forwardPort(t)
-		portList[i] = strconv.Itoa(ports[i])
+	for i, p := range ports {
+		portList[i] = strconv.Itoa(p)
 	}
 	script := fmt.Sprintf(`
 set -- %s

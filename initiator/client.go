@@ -50,6 +50,10 @@ type Client struct {
 	closed    bool
 	reconnect bool // a reconnect loop runs
 	wg        sync.WaitGroup
+
+	// dialed, when a test sets it, is called with each session dial
+	// logged in, before the session is adopted.
+	dialed func(*session)
 }
 
 // Connect logs in to cfg.Volume at cfg.Addr (the first of its targets that
@@ -70,10 +74,11 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 	c.epoch = 1
 	var s *session
 	var errs []error
+	target := 0
 	for i, addr := range cfg.addrs {
 		var err error
 		if s, err = c.dial(ctx, c.epoch, addr); err == nil {
-			c.target = i
+			target = i
 			break
 		}
 		errs = append(errs, err)
@@ -87,9 +92,26 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 		}
 		return nil, errors.Join(errs...)
 	}
-	c.sess, c.size, c.readOnly = s, s.size, s.readOnly
+	c.size, c.readOnly = s.size, s.readOnly
+	c.mu.Lock()
+	c.target = target
+	died := c.adopt(s)
+	c.mu.Unlock()
 	c.log.Info("logged in", "session", s.id, "slot", s.slot, "qps", len(s.qps), "size", s.size)
+	if died {
+		c.lost(s)
+	}
 	return c, nil
+}
+
+// adopt makes s, a session just logged in (its QPs already running), the
+// client's session; c.mu is held. It reports whether s had died already:
+// its fail then called lost while another session (or none) was in
+// place, and lost left it alone, so the caller calls lost(s) again once
+// c.mu is released, which now finds s in place and reconnects.
+func (c *Client) adopt(s *session) (died bool) {
+	c.sess = s
+	return s.isDead()
 }
 
 // Size is the volume's size in bytes.
@@ -209,12 +231,15 @@ func (c *Client) reconnectLoop() {
 			if s.bootID != 0 && c.unflushed.Load() != 0 && c.unflushed.Load() != s.bootID {
 				c.log.Warn("the target restarted since the last flush: the next Flush reports ErrWritesLost")
 			}
-			c.sess = s
+			died := c.adopt(s)
 			c.reconnect = false
 			close(c.changed)
 			c.changed = make(chan struct{})
 			c.mu.Unlock()
 			c.log.Info("session re-established", "session", s.id, "slot", s.slot, "boot", s.bootID, "target", addr)
+			if died {
+				c.lost(s)
+			}
 			return
 		}
 		if permanent(err) {

@@ -22,27 +22,7 @@ func TestGrantSTagDeadAfterUse(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	st := store.NewMemory()
-	defer st.Close()
-	if _, err := st.CreateVolume(ctx, "v", 16<<20, store.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	tdev, err := rnic.Open(rnic.Config{Name: "target", Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tdev.Close()
-	secret := []byte("grant test secret")
-	tg, err := target.New(target.Config{Store: st, Device: tdev, Secret: target.StaticSecret(secret), Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := tdev.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go tg.Serve(context.Background(), l)
-	defer tg.Shutdown(context.Background())
+	addr, secret := startTarget(t, ctx, quiet)
 
 	events := make(chan rnic.AsyncEvent, 16)
 	idev, err := rnic.Open(rnic.Config{Name: "initiator", Logger: quiet, AsyncHandler: func(ev rnic.AsyncEvent) {
@@ -55,7 +35,7 @@ func TestGrantSTagDeadAfterUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer idev.Close()
-	c, err := Connect(ctx, Config{Addr: l.Addr().String(), Volume: "v", Initiator: "g", Secret: secret, Logger: quiet,
+	c, err := Connect(ctx, Config{Addr: addr, Volume: "v", Initiator: "g", Secret: secret, Logger: quiet,
 		Device: idev, QPs: 1, NoReconnect: true})
 	if err != nil {
 		t.Fatal(err)
@@ -117,4 +97,32 @@ func TestGrantSTagDeadAfterUse(t *testing.T) {
 			t.Fatalf("no Terminate for a Write through a used grant %#x@%#x; QP state %v", old.stag, old.to, q.QP.State())
 		}
 	}
+}
+
+// startTarget serves a 16 MiB memory volume "v" on 127.0.0.1 until the
+// test ends, and returns its address and secret.
+func startTarget(t *testing.T, ctx context.Context, log *slog.Logger) (string, []byte) {
+	t.Helper()
+	st := store.NewMemory()
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.CreateVolume(ctx, "v", 16<<20, store.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tdev, err := rnic.Open(rnic.Config{Name: "target", Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tdev.Close() })
+	secret := []byte("internal test secret")
+	tg, err := target.New(target.Config{Store: st, Device: tdev, Secret: target.StaticSecret(secret), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := tdev.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go tg.Serve(context.Background(), l)
+	t.Cleanup(func() { tg.Shutdown(context.Background()) })
+	return l.Addr().String(), secret
 }

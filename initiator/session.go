@@ -71,6 +71,9 @@ func (c *Client) dial(ctx context.Context, epoch uint64, addr string) (*session,
 	if c.cfg.HeartbeatInterval > 0 && s.lockSTag != 0 {
 		go s.heartbeat(c.cfg.HeartbeatInterval, c.cfg.HeartbeatTimeout)
 	}
+	if c.dialed != nil {
+		c.dialed(s)
+	}
 	return s, nil
 }
 

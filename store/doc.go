@@ -39,7 +39,10 @@
 // Writes are issued in pieces of at most 64 KiB (thin_pool.go, writeChunk):
 // larger page-cache folios make every later 4 KiB write into them walk the
 // whole folio in ext4. On XFS, whose writes walk no such list, they are
-// issued whole: its large folios make later reads cheaper.
+// issued whole: its large folios make later reads cheaper. On XFS the
+// blocks of new clusters are also allocated ahead, 1 GiB of the data file
+// at a time (thin_pool.go, allocAhead): each 4 KiB write into a new
+// cluster would otherwise be an allocation of its own.
 //
 // Why 64 KiB: the cost of a first write to a cluster shared with a
 // snapshot is a read and a write of the whole cluster (BenchmarkCopyOnWrite:

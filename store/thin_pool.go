@@ -21,7 +21,8 @@ type dataPool struct {
 	dir       string
 	cs        int64 // cluster size in bytes
 	fileShift uint  // log2 of the clusters per file
-	chunk     int64 // most bytes per pwrite, aligned (0: any): writeChunkFor
+	chunk     int64 // most bytes per pwrite, aligned (0: any): writeChunk, none on XFS
+	prealloc  bool  // allocate new clusters' blocks ahead, preallocStep at a time (XFS)
 
 	mu    sync.Mutex
 	files []*dataFile // by index; nil until opened
@@ -39,6 +40,11 @@ type dataPool struct {
 type dataFile struct {
 	fd    int
 	dirty atomic.Bool // written since its last fdatasync
+
+	// preEnd is where the blocks allocated ahead (dataPool.prealloc) end;
+	// preMu serializes their allocation.
+	preEnd atomic.Int64
+	preMu  sync.Mutex
 }
 
 // writebackBytes is how much data may be written into newly allocated
@@ -63,8 +69,13 @@ func newDataPool(dir string, cs int64, space *spaceGuard) *dataPool {
 	for int64(1)<<shift*cs < dataFileBytes {
 		shift++
 	}
-	return &dataPool{dir: dir, cs: cs, fileShift: shift, chunk: writeChunkFor(dir), kick: make(chan struct{}, 1),
+	xfs := onXFS(dir)
+	p := &dataPool{dir: dir, cs: cs, fileShift: shift, chunk: writeChunk, prealloc: xfs, kick: make(chan struct{}, 1),
 		space: space}
+	if xfs {
+		p.chunk = 0
+	}
+	return p
 }
 
 func (p *dataPool) path(i int) string {
@@ -176,6 +187,9 @@ func (p *dataPool) writeNew(src []byte, c uint64, off int64) error {
 	if err := p.space.take(int64(len(src))); err != nil {
 		return fmt.Errorf("cluster %d: %w", c, err)
 	}
+	if p.prealloc {
+		p.allocAhead(f, pos+int64(len(src)))
+	}
 	if err := p.pwrite(f, src, pos, c); err != nil {
 		return err
 	}
@@ -245,6 +259,40 @@ func (p *dataPool) writeback(ctx context.Context) {
 	}
 }
 
+// preallocStep is how much of a data file allocAhead allocates at a time.
+const preallocStep = 1 << 30
+
+// allocAhead allocates the blocks of f from end's preallocStep boundary to
+// the next one (fallocate, unwritten extents that read as zeros, the
+// file's size unchanged) unless an earlier call did. New clusters come
+// mostly in ascending order, and a 4 KiB write into one is an extent of
+// its own: on XFS each then cost a search of the free-space B-trees (at
+// the write, or at writeback), which allocating a whole step at once
+// makes one per GiB. Through rinit, 4 KiB writes to a fresh volume:
+// 25.5-26.1k -> 39.7-43.5k IOPS (ext4 43.6-44.2k -> 41.3-48.5k: not
+// used there). The step is taken only while the file system has twice
+// its size above the store's reserve, so it never eats into the reserve;
+// a failure only means the writes allocate their blocks themselves.
+func (p *dataPool) allocAhead(f *dataFile, end int64) {
+	if end <= f.preEnd.Load() {
+		return
+	}
+	f.preMu.Lock()
+	defer f.preMu.Unlock()
+	if end <= f.preEnd.Load() {
+		return
+	}
+	from := (end - 1) / preallocStep * preallocStep
+	to := min(from+preallocStep, int64(1)<<p.fileShift*p.cs)
+	if above, err := p.space.refresh(); err != nil || above < 2*preallocStep {
+		return // tried again at the next write past preEnd
+	}
+	// An error leaves the writes to allocate their own blocks; preEnd
+	// moves on so that they do not each try again.
+	_ = unix.Fallocate(f.fd, unix.FALLOC_FL_KEEP_SIZE, from, to-from)
+	f.preEnd.Store(to)
+}
+
 // writeChunk bounds a pwrite to the data files, except on XFS. The page
 // cache makes a buffered write's new pages into one folio as large as the
 // write allows (up to 2 MiB), and ext4 walks every block of a folio on
@@ -265,14 +313,12 @@ func (p *dataPool) writeback(ctx context.Context) {
 // -> 56.7-61.1k IOPS, random writes 49.5-51.6k -> 56.1-58.4k.
 const writeChunk = 64 << 10
 
-// writeChunkFor is the pwrite bound of data files in dir: 0 (none) on
-// XFS, writeChunk elsewhere (and when the file system cannot be told).
-func writeChunkFor(dir string) int64 {
+// onXFS reports whether dir is on XFS (false when it cannot be told): the
+// data files are then written without writeChunk's bound, and their new
+// clusters' blocks allocated ahead (allocAhead).
+func onXFS(dir string) bool {
 	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err == nil && st.Type == unix.XFS_SUPER_MAGIC {
-		return 0
-	}
-	return writeChunk
+	return unix.Statfs(dir, &st) == nil && st.Type == unix.XFS_SUPER_MAGIC
 }
 
 // punch makes n bytes at physical cluster c, byte off, a hole: they read as

@@ -26,9 +26,9 @@ func TestThinOnXFS(t *testing.T) {
 		chunk int64
 	}{{"xfs", loopfs.XFS, 0}, {"ext4", loopfs.Ext4, 64 << 10}} {
 		t.Run(fs.name, func(t *testing.T) {
-			// 4 GiB (sparse): allocAhead takes its 1 GiB steps only
+			// 8 GiB (sparse): allocAhead takes its 1 GiB steps only
 			// with twice that above the reserve.
-			mnt := fs.mount(t, 4<<30)
+			mnt := fs.mount(t, 8<<30)
 			dir := filepath.Join(mnt, "store")
 			opts := store.ThinOptions{ClusterSize: 16 << 10, Reserve: 32 << 20}
 			open := func(t *testing.T) store.Store {
@@ -55,16 +55,16 @@ func TestThinOnXFS(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer s.Close()
 			ctx := context.Background()
 			if _, err := s.CreateVolume(ctx, "a", 64<<20, store.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			v, err := s.OpenVolume(ctx, "a")
 			if err != nil {
+				s.Close()
 				t.Fatal(err)
 			}
-			defer v.Close()
+			t.Cleanup(func() { v.Close(); s.Close() }) // the last ones opened
 			data := storetest.Pattern(3, 1, 1)
 			if err := v.WriteBlocks(ctx, 3, data, false); err != nil {
 				t.Fatal(err)
@@ -89,6 +89,47 @@ func TestThinOnXFS(t *testing.T) {
 				if !bytes.Equal(buf[i*store.BlockSize:(i+1)*store.BlockSize], want) {
 					t.Fatalf("block %d reads wrong after the allocation ahead", i)
 				}
+			}
+
+			// Space given back stays given back: after a trim and a
+			// reopen, a write into a freed cluster allocates that
+			// cluster, not the freed space around it.
+			blocks := func() int64 {
+				t.Helper()
+				var st unix.Stat_t
+				if err := unix.Stat(filepath.Join(mnt, "ahead", "data", "000000.data"), &st); err != nil {
+					t.Fatal(err)
+				}
+				return st.Blocks * 512
+			}
+			const n = 64 << 20 / store.BlockSize
+			if err := v.WriteBlocks(ctx, 0, storetest.Pattern(0, 16<<20/store.BlockSize, 2), false); err != nil {
+				t.Fatal(err)
+			}
+			if err := v.Trim(ctx, 0, n); err != nil {
+				t.Fatal(err)
+			}
+			if err := v.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if s, err = store.OpenThin(filepath.Join(mnt, "ahead"), opts); err != nil {
+				t.Fatal(err)
+			}
+			if v, err = s.OpenVolume(ctx, "a"); err != nil {
+				t.Fatal(err)
+			}
+			before := blocks()
+			t.Logf("data file blocks after the trim and reopen: %d", before)
+			if err := v.WriteBlocks(ctx, 100, data, false); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("after the write: %d", blocks())
+			if grew := blocks() - before; grew > opts.ClusterSize {
+				t.Fatalf("a 4 KiB write after a trim and a reopen took %d bytes of blocks, want at most a cluster (%d)",
+					grew, opts.ClusterSize)
 			}
 		})
 	}

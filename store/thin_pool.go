@@ -41,8 +41,11 @@ type dataFile struct {
 	fd    int
 	dirty atomic.Bool // written since its last fdatasync
 
-	// preEnd is where the blocks allocated ahead (dataPool.prealloc) end;
-	// preMu serializes their allocation.
+	// size is the file's size as last known (at open, after writes into
+	// new space, truncate): the end of the data written. preEnd is where
+	// the blocks allocated ahead (dataPool.prealloc) end; preMu
+	// serializes their allocation.
+	size   atomic.Int64
 	preEnd atomic.Int64
 	preMu  sync.Mutex
 }
@@ -96,7 +99,13 @@ func (p *dataPool) file(i int) (*dataFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open data file: %w", &os.PathError{Op: "open", Path: p.path(i), Err: err})
 	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("stat data file: %w", &os.PathError{Op: "fstat", Path: p.path(i), Err: err})
+	}
 	f := &dataFile{fd: fd}
+	f.size.Store(st.Size)
 	p.files[i] = f
 	return f, nil
 }
@@ -187,11 +196,14 @@ func (p *dataPool) writeNew(src []byte, c uint64, off int64) error {
 	if err := p.space.take(int64(len(src))); err != nil {
 		return fmt.Errorf("cluster %d: %w", c, err)
 	}
+	end := pos + int64(len(src))
 	if p.prealloc {
-		p.allocAhead(f, pos+int64(len(src)))
+		p.allocAhead(f, pos, end)
 	}
 	if err := p.pwrite(f, src, pos, c); err != nil {
 		return err
+	}
+	for size := f.size.Load(); end > size && !f.size.CompareAndSwap(size, end); size = f.size.Load() {
 	}
 	if p.unflushed.Add(int64(len(src))) >= writebackBytes {
 		select {
@@ -262,9 +274,12 @@ func (p *dataPool) writeback(ctx context.Context) {
 // preallocStep is how much of a data file allocAhead allocates at a time.
 const preallocStep = 1 << 30
 
-// allocAhead allocates the blocks of f from end's preallocStep boundary to
-// the next one (fallocate, unwritten extents that read as zeros, the
-// file's size unchanged) unless an earlier call did. New clusters come
+// allocAhead allocates the blocks of f from its end to the preallocStep
+// boundary after end (fallocate, unwritten extents that read as zeros,
+// the file's size unchanged), for a write into new space at [pos, end)
+// at or past the file's end, unless an earlier call did. A write inside
+// the file (a cluster freed and allocated again) allocates nothing ahead:
+// that would take back the space of the freed clusters around it. New clusters come
 // mostly in ascending order, and a 4 KiB write into one is an extent of
 // its own: on XFS each then cost a search of the free-space B-trees (at
 // the write, or at writeback), which allocating a whole step at once
@@ -273,8 +288,8 @@ const preallocStep = 1 << 30
 // used there). The step is taken only while the file system has twice
 // its size above the store's reserve, so it never eats into the reserve;
 // a failure only means the writes allocate their blocks themselves.
-func (p *dataPool) allocAhead(f *dataFile, end int64) {
-	if end <= f.preEnd.Load() {
+func (p *dataPool) allocAhead(f *dataFile, pos, end int64) {
+	if end <= f.preEnd.Load() || pos < f.size.Load() {
 		return
 	}
 	f.preMu.Lock()
@@ -282,8 +297,8 @@ func (p *dataPool) allocAhead(f *dataFile, end int64) {
 	if end <= f.preEnd.Load() {
 		return
 	}
-	from := (end - 1) / preallocStep * preallocStep
-	to := min(from+preallocStep, int64(1)<<p.fileShift*p.cs)
+	from := max(f.size.Load(), f.preEnd.Load())
+	to := min((end+preallocStep-1)/preallocStep*preallocStep, int64(1)<<p.fileShift*p.cs)
 	if above, err := p.space.refresh(); err != nil || above < 2*preallocStep {
 		return // tried again at the next write past preEnd
 	}
@@ -418,6 +433,7 @@ func (p *dataPool) truncate(high uint64) error {
 			if err := unix.Ftruncate(f.fd, size); err != nil {
 				return fmt.Errorf("data files: truncate %s: %w", path, err)
 			}
+			f.size.Store(size)
 			f.dirty.Store(true)
 		}
 	}

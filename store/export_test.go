@@ -16,4 +16,9 @@ func CheckThin(t *testing.T, s Store) {
 
 // WriteChunk is the most bytes the thin store s writes to its data files
 // per pwrite (0: no bound): see onXFS.
-func WriteChunk(s Store) int64 { return s.(*volumeStore).be.(*thinBackend).pool.chunk }
+func WriteChunk(s Store) int64 {
+	if s.(*volumeStore).be.(*thinBackend).pool.xfs {
+		return 0
+	}
+	return writeChunk
+}

@@ -21,8 +21,9 @@ type dataPool struct {
 	dir       string
 	cs        int64 // cluster size in bytes
 	fileShift uint  // log2 of the clusters per file
-	chunk     int64 // most bytes per pwrite, aligned (0: any): writeChunk, none on XFS
-	prealloc  bool  // allocate new clusters' blocks ahead, preallocStep at a time (XFS)
+	// xfs: the data files are on XFS, so writes go whole (no writeChunk
+	// bound) and new clusters' blocks are allocated ahead (allocAhead).
+	xfs bool
 
 	mu    sync.Mutex
 	files []*dataFile // by index; nil until opened
@@ -41,9 +42,9 @@ type dataFile struct {
 	fd    int
 	dirty atomic.Bool // written since its last fdatasync
 
-	// size is the file's size as last known (at open, after writes into
-	// new space, truncate): the end of the data written. preEnd is where
-	// the blocks allocated ahead (dataPool.prealloc) end; preMu
+	// For allocAhead (XFS only): size is the file's size as last known
+	// (at open, after writes into new space, truncate), the end of the
+	// data written; preEnd is where the blocks allocated ahead end; preMu
 	// serializes their allocation.
 	size   atomic.Int64
 	preEnd atomic.Int64
@@ -72,13 +73,7 @@ func newDataPool(dir string, cs int64, space *spaceGuard) *dataPool {
 	for int64(1)<<shift*cs < dataFileBytes {
 		shift++
 	}
-	xfs := onXFS(dir)
-	p := &dataPool{dir: dir, cs: cs, fileShift: shift, chunk: writeChunk, prealloc: xfs, kick: make(chan struct{}, 1),
-		space: space}
-	if xfs {
-		p.chunk = 0
-	}
-	return p
+	return &dataPool{dir: dir, cs: cs, fileShift: shift, xfs: onXFS(dir), kick: make(chan struct{}, 1), space: space}
 }
 
 func (p *dataPool) path(i int) string {
@@ -197,13 +192,15 @@ func (p *dataPool) writeNew(src []byte, c uint64, off int64) error {
 		return fmt.Errorf("cluster %d: %w", c, err)
 	}
 	end := pos + int64(len(src))
-	if p.prealloc {
+	if p.xfs {
 		p.allocAhead(f, pos, end)
 	}
 	if err := p.pwrite(f, src, pos, c); err != nil {
 		return err
 	}
-	for size := f.size.Load(); end > size && !f.size.CompareAndSwap(size, end); size = f.size.Load() {
+	if p.xfs {
+		for size := f.size.Load(); end > size && !f.size.CompareAndSwap(size, end); size = f.size.Load() {
+		}
 	}
 	if p.unflushed.Add(int64(len(src))) >= writebackBytes {
 		select {
@@ -233,8 +230,8 @@ func (p *dataPool) pwrite(f *dataFile, src []byte, pos int64, c uint64) error {
 		// At most up to the next chunk boundary per pwrite: see
 		// writeChunk.
 		k := int64(len(src))
-		if p.chunk > 0 {
-			k = min(k, p.chunk-pos%p.chunk)
+		if !p.xfs {
+			k = min(k, writeChunk-pos%writeChunk)
 		}
 		n, err := unix.Pwrite(f.fd, src[:k], pos)
 		if err != nil {
@@ -278,16 +275,19 @@ const preallocStep = 1 << 30
 // boundary after end (fallocate, unwritten extents that read as zeros,
 // the file's size unchanged), for a write into new space at [pos, end)
 // at or past the file's end, unless an earlier call did. A write inside
-// the file (a cluster freed and allocated again) allocates nothing ahead:
-// that would take back the space of the freed clusters around it. New clusters come
-// mostly in ascending order, and a 4 KiB write into one is an extent of
-// its own: on XFS each then cost a search of the free-space B-trees (at
-// the write, or at writeback), which allocating a whole step at once
-// makes one per GiB. Through rinit, 4 KiB writes to a fresh volume:
-// 25.5-26.1k -> 39.7-43.5k IOPS (ext4 43.6-44.2k -> 41.3-48.5k: not
-// used there). The step is taken only while the file system has twice
-// its size above the store's reserve, so it never eats into the reserve;
-// a failure only means the writes allocate their blocks themselves.
+// the file (a cluster freed and allocated again) allocates nothing
+// ahead: that would take back the space of the freed clusters around it.
+//
+// New clusters come mostly in ascending order, and a 4 KiB write into one
+// is an extent of its own: on XFS each then cost a search of the
+// free-space B-trees (at the write, or at writeback), which allocating a
+// whole step at once makes one per GiB. Through rinit, 4 KiB writes to a
+// fresh volume: 25.5-26.1k -> 39.7-43.5k IOPS (ext4 43.6-44.2k ->
+// 41.3-48.5k: not used there). A step is allocated only while the file
+// system has twice its size above the store's reserve, so it never eats
+// into the reserve. Whether it is allocated, skipped for space or fails,
+// the writes up to its end do not ask again (they allocate their own
+// blocks if need be): one statfs and one fallocate per step at most.
 func (p *dataPool) allocAhead(f *dataFile, pos, end int64) {
 	if end <= f.preEnd.Load() || pos < f.size.Load() {
 		return
@@ -299,12 +299,9 @@ func (p *dataPool) allocAhead(f *dataFile, pos, end int64) {
 	}
 	from := max(f.size.Load(), f.preEnd.Load())
 	to := min((end+preallocStep-1)/preallocStep*preallocStep, int64(1)<<p.fileShift*p.cs)
-	if above, err := p.space.refresh(); err != nil || above < 2*preallocStep {
-		return // tried again at the next write past preEnd
+	if above, err := p.space.refresh(); err == nil && above >= 2*preallocStep {
+		_ = unix.Fallocate(f.fd, unix.FALLOC_FL_KEEP_SIZE, from, to-from)
 	}
-	// An error leaves the writes to allocate their own blocks; preEnd
-	// moves on so that they do not each try again.
-	_ = unix.Fallocate(f.fd, unix.FALLOC_FL_KEEP_SIZE, from, to-from)
 	f.preEnd.Store(to)
 }
 

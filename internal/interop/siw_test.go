@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -261,6 +262,10 @@ func logGuest(t *testing.T, res *linuxvm.Result) {
 	}
 }
 
+// droppedRe finds tshark's report of the packets the kernel dropped
+// because dumpcap did not read them in time ("N packets dropped from lo").
+var droppedRe = regexp.MustCompile(`(\d+) packets? dropped from`)
+
 // capture is tshark recording the host loopback for the test's ports.
 type capture struct {
 	path string
@@ -275,7 +280,12 @@ func startCapture(t *testing.T, ports []int) *capture {
 	for _, p := range ports {
 		filter = append(filter, "tcp port "+itoa(p))
 	}
-	c.cmd = exec.Command("tshark", "-i", "lo", "-f", strings.Join(filter, " or "), "-w", c.path)
+	// -B 64: a kernel buffer of 64 MiB holds all of a run's traffic (about
+	// 20 MB), so a dumpcap that gets no CPU for a while on a loaded machine
+	// (two VMs under TCG, other test packages) drops nothing. With the
+	// default 2 MiB it once lost a connection's MPA Request, and with it the
+	// dissection of that whole connection.
+	c.cmd = exec.Command("tshark", "-i", "lo", "-B", "64", "-f", strings.Join(filter, " or "), "-w", c.path)
 	pr, pw := io.Pipe()
 	c.cmd.Stderr = io.MultiWriter(&c.errb, pw)
 	if err := c.cmd.Start(); err != nil {
@@ -351,6 +361,11 @@ func (c *capture) check(t *testing.T, crc bool) {
 	if fi, err := os.Stat(c.path); err != nil || fi.Size() == 0 {
 		t.Fatalf("no capture: %v (tshark said %s)", err, c.errb.String())
 	}
+	// A packet the capture lost is a frame nobody checked: the checks below
+	// would pass or fail on a part of the traffic.
+	if m := droppedRe.FindStringSubmatch(c.errb.String()); m != nil && m[1] != "0" {
+		t.Errorf("the capture dropped %s packets: the wire was not checked in full (dumpcap said: %s)", m[1], strings.TrimSpace(c.errb.String()))
+	}
 	frames := strings.Count(tsharkRead(t, c.path, "-T", "fields", "-e", "frame.number"), "\n")
 	fpdus := strings.Count(tsharkRead(t, c.path, "-Y", "iwarp_ddp_rdmap", "-T", "fields", "-e", "frame.number"), "\n")
 	malformed := strings.Count(tsharkRead(t, c.path, "-Y", "_ws.malformed", "-T", "fields", "-e", "frame.number"), "\n")
@@ -368,6 +383,7 @@ func (c *capture) check(t *testing.T, crc bool) {
 	// rping both ways, and perftest's comm+data connections three times.
 	if reqs < 8 || reps < 8 {
 		t.Errorf("tshark saw %d MPA Requests and %d Replies, want 8 (2 rping + 3 x 2 perftest)", reqs, reps)
+		c.explain(t)
 	}
 	if fpdus == 0 {
 		t.Errorf("tshark decoded no iWARP PDUs")
@@ -375,4 +391,20 @@ func (c *capture) check(t *testing.T, crc bool) {
 	if crc && good == 0 {
 		t.Errorf("CRC variant: tshark verified no CRC")
 	}
+}
+
+// explain logs what tells a frame the capture lost from one the dissector
+// did not recognise: the capture's own drop count, the connections opened
+// (SYNs), the segments that carry an MPA Request or Reply key whatever the
+// dissector made of them, and the first payload of every TCP stream.
+func (c *capture) explain(t *testing.T) {
+	t.Helper()
+	t.Logf("dumpcap said: %s", strings.TrimSpace(c.errb.String()))
+	syns := tsharkRead(t, c.path, "-Y", "tcp.flags.syn == 1 && tcp.flags.ack == 0", "-T", "fields", "-e", "frame.number", "-e", "tcp.stream", "-e", "tcp.srcport", "-e", "tcp.dstport")
+	t.Logf("SYNs (frame, stream, ports):\n%s", syns)
+	keys := tsharkRead(t, c.path, "-Y", `tcp.payload contains "MPA ID Req Frame" || tcp.payload contains "MPA ID Rep Frame"`,
+		"-T", "fields", "-e", "frame.number", "-e", "tcp.stream", "-e", "tcp.len", "-e", "iwarp_mpa.req", "-e", "iwarp_mpa.rep", "-e", "_ws.col.Protocol")
+	t.Logf("segments with an MPA key (frame, stream, length, req, rep, protocol):\n%s", keys)
+	first := tsharkRead(t, c.path, "-Y", "tcp.len > 0 && tcp.seq == 1", "-T", "fields", "-e", "frame.number", "-e", "tcp.stream", "-e", "tcp.len", "-e", "_ws.col.Protocol", "-e", "_ws.col.Info")
+	t.Logf("first payload of each direction (frame, stream, length, protocol, info):\n%s", first)
 }

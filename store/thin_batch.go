@@ -63,10 +63,17 @@ func (b *thinBackend) batchLen() int {
 }
 
 // commit is the function behind the sync group (Flush, FUA, Sync and the
-// periodic commit share its runs): data files first, then the batch.
+// periodic commit share its runs, one at a time): data files first, then
+// the batch.
+//
+// The data files are synced before metaMu is taken. That sync writes back
+// whatever the page cache holds of them, hundreds of megabytes after a
+// burst of writes, and a catalog change (a snapshot, a volume created)
+// need not wait for it: it commits its own transaction meanwhile, as it
+// may while the batch still fills. The batch's replacements then reach the
+// database after it, each naming the snapshot its old entry goes to, which
+// is the order a snapshot taken before the swap gives too (createSnapshot).
 func (b *thinBackend) commit() error {
-	b.metaMu.Lock()
-	defer b.metaMu.Unlock()
 	if err := b.checkFailed(); err != nil {
 		return err
 	}
@@ -86,6 +93,11 @@ func (b *thinBackend) commit() error {
 	if bt.empty() {
 		b.syncs.Add(1)
 		return nil
+	}
+	b.metaMu.Lock()
+	defer b.metaMu.Unlock()
+	if err := b.checkFailed(); err != nil {
+		return err // a catalog change failed while the data synced
 	}
 	b.pool.space.beforeMeta()
 	var freed []uint64

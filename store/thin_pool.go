@@ -36,6 +36,9 @@ type dataPool struct {
 	writebacks atomic.Uint64 // passes of the writeback loop so far
 
 	space *spaceGuard // keeps the file system's last free space for the metadata
+
+	// syncHook, when set (by tests only), runs as sync begins.
+	syncHook atomic.Pointer[func()]
 }
 
 type dataFile struct {
@@ -379,6 +382,9 @@ func (p *dataPool) openFiles() []*dataFile {
 // sync fdatasyncs every file written since its last sync. It reports
 // whether any was.
 func (p *dataPool) sync() (bool, error) {
+	if h := p.syncHook.Load(); h != nil {
+		(*h)()
+	}
 	synced := false
 	for i, f := range p.openFiles() {
 		if f == nil || !f.dirty.Swap(false) {

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"sync"
 	"testing"
 	"time"
 )
@@ -189,4 +190,99 @@ func TestThinTryWrite(t *testing.T) {
 	if c.TryWriteBlocks(0, data) || !bytes.Equal(read(c, 0), old) {
 		t.Fatal("TryWriteBlocks into a clone's cluster still in its origin wrote")
 	}
+}
+
+// TestSnapshotBesideDataSync: a snapshot (or any catalog change) commits
+// while a commit syncs the data files, instead of waiting for that sync,
+// which can take a long time after a burst of writes; the batch's
+// replacements reach the database after the snapshot, and the snapshot
+// holds what the volume held when it was taken.
+func TestSnapshotBesideDataSync(t *testing.T) {
+	const size = 8 << 20
+	st, v := openThinVol(t, "sds", size)
+	ctx := context.Background()
+	old := bytes.Repeat([]byte{0x11}, size)
+	if err := v.WriteBlocks(ctx, 0, old, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// New clusters in the batch, not yet committed: half of them written
+	// again (in place), and a snapshot earlier so that the overwrites of
+	// shared clusters are replacements that name a snapshot's delta.
+	if _, err := st.CreateSnapshot(ctx, "sds", "before"); err != nil {
+		t.Fatal(err)
+	}
+	cur := bytes.Repeat([]byte{0x22}, size/2)
+	if err := v.WriteBlocks(ctx, 0, cur, false); err != nil {
+		t.Fatal(err)
+	}
+
+	pool := thinOf(v).b.pool
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hook := func() {
+		once.Do(func() {
+			close(entered)
+			<-release
+		})
+	}
+	pool.syncHook.Store(&hook)
+	flushed := make(chan error, 1)
+	go func() { flushed <- v.Flush(ctx) }()
+	select {
+	case <-entered:
+	case <-time.After(time.Minute):
+		t.Fatal("the flush never synced the data files")
+	}
+	snapped := make(chan error, 1)
+	go func() {
+		_, err := st.CreateSnapshot(ctx, "sds", "during")
+		snapped <- err
+	}()
+	select {
+	case err := <-snapped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		close(release)
+		t.Fatal("the snapshot waited for the data files' sync")
+	}
+	close(release)
+	if err := <-flushed; err != nil {
+		t.Fatal(err)
+	}
+	// Writes after the snapshot do not show in it.
+	if err := v.WriteBlocks(ctx, 0, bytes.Repeat([]byte{0x33}, size), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	CheckThin(t, st)
+	want := append(append([]byte{}, cur...), old[size/2:]...)
+	for _, c := range []struct {
+		snap string
+		want []byte
+	}{{"before", old}, {"during", want}} {
+		if _, err := st.Clone(ctx, "sds", c.snap, "sds-"+c.snap, CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		cv, err := st.OpenVolume(ctx, "sds-"+c.snap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, size)
+		err = cv.ReadBlocks(ctx, 0, got)
+		cv.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, c.want) {
+			t.Errorf("snapshot %q does not hold the volume as it was when taken", c.snap)
+		}
+	}
+	CheckThin(t, st)
 }

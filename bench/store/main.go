@@ -21,7 +21,9 @@
 //     interleaved; and the time of each snapshot, taken through rtarget's
 //     control socket while the volume is served: of the full volume after
 //     the fresh jobs and after each round of copy-on-write writes, and of
-//     the still empty fresh volume right after full's randwrite-4k-qd16.
+//     the still empty fresh volume right after full's randwrite-4k-qd16;
+//     beside each, the file system's own sync time at that moment
+//     (Snapshot.SyncMs), the floor of any durable change.
 //
 // It writes bench/results/store-report.md and store-results.json.
 package main
@@ -80,6 +82,13 @@ type Snapshot struct {
 	Ms  float64 `json:"ms"`
 	// After says what ran just before the snapshot.
 	After string `json:"after"`
+	// SyncMs is the reference taken at the same moment: the longer of two
+	// 100-byte writes + fdatasync of a file of their own in the store's
+	// directory, one just before the snapshot and one just after. A
+	// snapshot makes its record durable, so it cannot take less than the
+	// file system takes to sync anything; while the page cache writes
+	// back gigabytes that can be tens of milliseconds.
+	SyncMs float64 `json:"fs_sync_ms"`
 }
 
 var fullJobs = []string{"randread-4k-qd16", "randwrite-4k-qd16", "seqread-1m", "seqwrite-1m"}
@@ -178,11 +187,12 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 							// A snapshot right after random writes to the
 							// other volume (fresh is still empty: its
 							// snapshot changes nothing for its jobs).
-							ms, err := snapshot(filepath.Join(st.data, "rtarget.sock"), "fresh", fmt.Sprintf("r%d", rep))
+							sn, err := snapshot(st.data, "fresh", fmt.Sprintf("r%d", rep))
 							if err != nil {
 								return err
 							}
-							snaps = append(snaps, Snapshot{Rep: rep, Ms: ms, After: "full randwrite-4k-qd16"})
+							sn.Rep, sn.After = rep, "full randwrite-4k-qd16"
+							snaps = append(snaps, sn)
 						}
 					}
 				}
@@ -190,15 +200,15 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 					return nil
 				}
 				for round := range o.cowRounds {
-					ms, err := snapshot(filepath.Join(st.data, "rtarget.sock"), "full", fmt.Sprintf("s%d-%d", rep, round))
+					sn, err := snapshot(st.data, "full", fmt.Sprintf("s%d-%d", rep, round))
 					if err != nil {
 						return err
 					}
-					after := "fresh seqwrite-1m"
+					sn.Rep, sn.After = rep, "fresh seqwrite-1m"
 					if round > 0 {
-						after = "cow writes to it"
+						sn.After = "cow writes to it"
 					}
-					snaps = append(snaps, Snapshot{Rep: rep, Ms: ms, After: after})
+					snaps = append(snaps, sn)
 					// 256 MiB of the volume: 4096 clusters, one write each.
 					env := []string{"IO_SIZE=" + strconv.Itoa(4096*4096)}
 					rc, err := fio(ctx, "bench/store/jobs/cow-4k-qd16.fio", st.uris["full"], "256M", o, env)
@@ -210,7 +220,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 						return err
 					}
 					cow, plain = append(cow, rc.IOPS), append(plain, rp.IOPS)
-					log.Info("copy on write", "snapshot_ms", ms, "first_write_iops", int(rc.IOPS), "plain_iops", int(rp.IOPS))
+					log.Info("copy on write", "snapshot_ms", sn.Ms, "fs_sync_ms", sn.SyncMs, "first_write_iops", int(rc.IOPS), "plain_iops", int(rp.IOPS))
 				}
 				return nil
 			}()
@@ -290,9 +300,44 @@ func hwm(c *exec.Cmd) int64 {
 	return 0
 }
 
-// snapshot takes snapshot snap of vol through the control socket and
-// returns how long the request took.
-func snapshot(sock, vol, snap string) (float64, error) {
+// snapshot takes snapshot snap of vol through the control socket of the
+// store in dir, and returns how long the request took, with the file
+// system's sync time at the same moment (Snapshot.SyncMs).
+func snapshot(dir, vol, snap string) (Snapshot, error) {
+	before, err := syncProbe(dir)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	ms, err := snapshotRequest(filepath.Join(dir, "rtarget.sock"), vol, snap)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	after, err := syncProbe(dir)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	return Snapshot{Ms: ms, SyncMs: max(before, after)}, nil
+}
+
+// syncProbe appends 100 bytes to a file of its own in dir and makes them
+// durable with fdatasync, and returns how long that took in milliseconds.
+func syncProbe(dir string) (float64, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "bench-sync-probe"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return 0, fmt.Errorf("sync probe: %w", err)
+	}
+	defer f.Close()
+	start := time.Now()
+	if _, err := f.Write(make([]byte, 100)); err != nil {
+		return 0, fmt.Errorf("sync probe: %w", err)
+	}
+	if err := unix.Fdatasync(int(f.Fd())); err != nil {
+		return 0, fmt.Errorf("sync probe: fdatasync: %w", err)
+	}
+	return float64(time.Since(start).Microseconds()) / 1000, nil
+}
+
+func snapshotRequest(sock, vol, snap string) (float64, error) {
 	c, err := net.Dial("unix", sock)
 	if err != nil {
 		return 0, fmt.Errorf("control socket: %w", err)
@@ -396,6 +441,12 @@ func report(o options, results []Result, snaps []Snapshot, cow, plain []float64)
 			if len(v) > 0 {
 				fmt.Fprintf(&b, "- after %s: median %.2f ms, worst %.2f ms (%d snapshots)\n", after, benchkit.Median(v), slices.Max(v), len(v))
 			}
+		}
+		fmt.Fprintf(&b, "\nEach snapshot beside the file system's own sync time at that moment (the longer of two 100-byte "+
+			"writes + fdatasync of another file in the store's directory, just before and just after it):\n\n"+
+			"| repetition | after | snapshot ms | fdatasync ms |\n|---|---|---|---|\n")
+		for _, s := range snaps {
+			fmt.Fprintf(&b, "| %d | %s | %.2f | %.2f |\n", s.Rep, s.After, s.Ms, s.SyncMs)
 		}
 	}
 	var hw []int64

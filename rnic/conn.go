@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rnic-dev/rnic/internal/sockio"
 	"github.com/rnic-dev/rnic/rnic/mpa"
 	"github.com/rnic-dev/rnic/rnic/rdmap"
 	"github.com/rnic-dev/rnic/rnic/term"
@@ -122,9 +123,11 @@ type conn struct {
 	// what is queued (its own work and that of posters arriving meanwhile).
 	combining atomic.Bool
 	raw       syscall.RawConn // nil when the connection offers none (no inline sends)
-	rxv       vecRead         // the receiver's readv state (readVec)
-	tx        txState
-	rx        rxState
+	// sr reads the socket for the receiver (see package sockio); nil when
+	// the connection offers no syscall.RawConn.
+	sr *sockio.Reader
+	tx txState
+	rx rxState
 }
 
 // Attach moves an Idle QP to RTS on an established stream (Modify QP
@@ -195,6 +198,7 @@ func newConn(qp *QP, s Stream) *conn {
 			c.raw = raw
 		}
 	}
+	c.sr = sockio.NewReader(s.Conn)
 	c.rd = mpa.NewReader(rxSource{c}, mpa.ReaderConfig{CRC: s.CRC, Markers: s.RxMarkers, MaxULPDU: maxULPDU, BufSize: rxBufSize})
 	if s.Initiator && s.RTR == RTRNone {
 		c.openGate()
@@ -223,7 +227,10 @@ type rxSource struct{ c *conn }
 
 func (s rxSource) Read(p []byte) (int, error) {
 	s.c.rx.batchEnd()
-	return s.c.nc.Read(p)
+	if s.c.sr == nil {
+		return s.c.nc.Read(p)
+	}
+	return s.c.sr.Read(p)
 }
 
 // ReadVec reads into a, then b, in one system call where the connection
@@ -231,7 +238,10 @@ func (s rxSource) Read(p []byte) (int, error) {
 // the next FPDU's headers in the Reader's buffer.
 func (s rxSource) ReadVec(a, b []byte) (int, error) {
 	s.c.rx.batchEnd()
-	return s.c.readVec(a, b)
+	if s.c.sr == nil {
+		return s.c.nc.Read(a)
+	}
+	return s.c.sr.ReadVec(a, b)
 }
 
 // kick wakes the transmitter.

@@ -4,11 +4,8 @@ package rnic
 
 import (
 	"encoding/binary"
-	"io"
 	"net"
-	"os"
 	"syscall"
-	"unsafe"
 )
 
 // tcpClose is the kernel's TCP_CLOSE state (tcpi_state in TCP_INFO).
@@ -37,61 +34,4 @@ func peerReset(nc net.Conn) bool {
 		}
 	})
 	return state == tcpClose
-}
-
-// vecRead is the receiver's readv(2) through the netpoller: fn is made
-// once, since a closure per read would allocate, and leaves its result in
-// n and errno.
-type vecRead struct {
-	iov   [2]syscall.Iovec
-	cnt   int
-	n     int
-	errno syscall.Errno
-	fn    func(fd uintptr) bool
-}
-
-// readVec reads into a, then b, with one readv: what is available, at
-// least one byte, or io.EOF at the end of the stream.
-func (c *conn) readVec(a, b []byte) (int, error) {
-	if c.raw == nil || len(a) == 0 {
-		return c.nc.Read(a)
-	}
-	v := &c.rxv
-	if v.fn == nil {
-		v.fn = func(fd uintptr) bool {
-			for {
-				r, _, e := syscall.Syscall(syscall.SYS_READV, fd, uintptr(unsafe.Pointer(&v.iov[0])), uintptr(v.cnt))
-				switch e {
-				case syscall.EINTR:
-					continue
-				case syscall.EAGAIN:
-					return false // wait until readable
-				}
-				v.n, v.errno = int(r), e
-				return true
-			}
-		}
-	}
-	v.iov[0].Base = &a[0]
-	v.iov[0].SetLen(len(a))
-	v.cnt = 1
-	if len(b) > 0 {
-		v.iov[1].Base = &b[0]
-		v.iov[1].SetLen(len(b))
-		v.cnt = 2
-	}
-	err := c.raw.Read(v.fn)
-	v.iov = [2]syscall.Iovec{} // hold no memory between reads
-	switch {
-	case err != nil:
-		return 0, err
-	case v.errno != 0:
-		return 0, os.NewSyscallError("readv", v.errno)
-	case v.n == 0:
-		return 0, io.EOF
-	}
-	if raceEnabled {
-		raceWrite(a[:min(v.n, len(a))])
-	}
-	return v.n, nil
 }

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/rnic-dev/rnic/internal/sockio"
 	"github.com/rnic-dev/rnic/rnic/ddp"
 	"github.com/rnic-dev/rnic/rnic/mpa"
 	"github.com/rnic-dev/rnic/rnic/rdmap"
@@ -55,7 +56,11 @@ func (t *txState) init(c *conn) {
 	t.mulpdu = c.info.MULPDU
 	t.msn = ddp.TxQueues{}
 	t.writeFn = func(fd uintptr) bool {
-		t.wn, t.werr = syscall.Write(int(fd), t.w.Bytes()[t.off:])
+		n, e := sockio.Write(fd, t.w.Bytes()[t.off:])
+		t.wn, t.werr = n, nil
+		if e != 0 {
+			t.werr = e
+		}
 		return true
 	}
 }

@@ -5,10 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
 	"time"
+
+	"github.com/rnic-dev/rnic/internal/sockio"
 )
 
 // conn is one client connection.
@@ -48,7 +51,7 @@ func (cfg *config) run(ctx context.Context, nc net.Conn) (*conn, error) {
 	c := &conn{
 		cfg:  cfg,
 		nc:   nc,
-		br:   bufio.NewReaderSize(nc, ioBufSize),
+		br:   bufio.NewReaderSize(connReader(nc), ioBufSize),
 		bw:   bufio.NewWriterSize(nc, ioBufSize),
 		log:  cfg.log.With("remote", nc.RemoteAddr().String()),
 		pool: &bufPool{},
@@ -97,4 +100,14 @@ func (c *conn) setReadDeadline(t time.Time) {
 	if !c.closing {
 		_ = c.nc.SetReadDeadline(t)
 	}
+}
+
+// connReader is what the request reader reads nc through: a sockio.Reader
+// where nc allows it (no scheduler round trip per read, see package
+// sockio), else nc itself.
+func connReader(nc net.Conn) io.Reader {
+	if r := sockio.NewReader(nc); r != nil {
+		return r
+	}
+	return nc
 }

@@ -6,9 +6,10 @@ import (
 	"net"
 	"sync"
 	"syscall"
-	"unsafe"
 
 	"github.com/pojntfx/go-nbd/pkg/protocol"
+
+	"github.com/rnic-dev/rnic/internal/sockio"
 )
 
 // replyWriter sends a connection's replies in the order they complete.
@@ -207,8 +208,12 @@ func (w *replyWriter) writev(fd uintptr) bool {
 	if len(w.iov) == 0 {
 		return true
 	}
-	n, _, e := syscall.Syscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&w.iov[0])), uintptr(len(w.iov)))
-	w.wn, w.werrn = n, e
+	total := 0
+	for i := range w.iov {
+		total += int(w.iov[i].Len)
+	}
+	n, e := sockio.Writev(fd, w.iov, total)
+	w.wn, w.werrn = uintptr(n), e
 	return true
 }
 

@@ -1,0 +1,94 @@
+package sockio
+
+import (
+	"io"
+	"net"
+	"os"
+	"syscall"
+)
+
+// Reader reads a connection through its syscall.RawConn with Read and
+// Readv: waits go through the network poller and honour the connection's
+// read deadline, as net.Conn.Read's do.
+type Reader struct {
+	raw   syscall.RawConn
+	p     []byte           // the buffer of a read into one
+	iov   [2]syscall.Iovec // the buffers of a read into two
+	cnt   int              // buffers in iov; 0: read into p
+	n     int
+	errno syscall.Errno
+	fn    func(fd uintptr) bool // made once: a closure per read would allocate
+}
+
+// NewReader returns a Reader of nc, or nil when nc offers no
+// syscall.RawConn.
+func NewReader(nc net.Conn) *Reader {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	r := &Reader{raw: raw}
+	r.fn = func(fd uintptr) bool {
+		for {
+			var n int
+			var e syscall.Errno
+			if r.cnt == 0 {
+				n, e = Read(fd, r.p)
+			} else {
+				n, e = Readv(fd, r.iov[:r.cnt])
+			}
+			switch e {
+			case syscall.EINTR:
+				continue
+			case syscall.EAGAIN:
+				return false // wait until readable
+			}
+			r.n, r.errno = n, e
+			return true
+		}
+	}
+	return r
+}
+
+// Read reads what is there, at least one byte, or returns io.EOF at the
+// end of the stream.
+func (r *Reader) Read(p []byte) (int, error) { return r.ReadVec(p, nil) }
+
+// ReadVec reads into a, then b, in one system call: what is there, at
+// least one byte, or io.EOF at the end of the stream.
+func (r *Reader) ReadVec(a, b []byte) (int, error) {
+	if len(a) == 0 {
+		if len(b) == 0 {
+			return 0, nil
+		}
+		a, b = b, nil
+	}
+	if len(b) == 0 {
+		r.p, r.cnt = a, 0
+	} else {
+		r.iov[0].Base = &a[0]
+		r.iov[0].SetLen(len(a))
+		r.iov[1].Base = &b[0]
+		r.iov[1].SetLen(len(b))
+		r.cnt = 2
+	}
+	err := r.raw.Read(r.fn)
+	r.p, r.iov = nil, [2]syscall.Iovec{} // hold no memory between reads
+	switch {
+	case err != nil:
+		return 0, err
+	case r.errno != 0:
+		return 0, os.NewSyscallError("read", r.errno)
+	case r.n == 0:
+		return 0, io.EOF
+	}
+	raceWrite(a[:min(r.n, len(a))])
+	if r.n > len(a) {
+		raceWrite(b[:r.n-len(a)])
+	}
+	return r.n, nil
+}

@@ -1,0 +1,185 @@
+package sockio
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// pair returns the two ends of a TCP connection on loopback.
+func pair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := <-acc
+	if b == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a.(*net.TCPConn), b.(*net.TCPConn)
+}
+
+func pattern(n int) []byte {
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = byte(i*7 + i>>8)
+	}
+	return p
+}
+
+// rawWrite writes all of p to c with Write (or with Writev of two halves),
+// waiting through the poller when the socket is full.
+func rawWrite(c *net.TCPConn, p []byte, vec bool) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	for len(p) > 0 {
+		var n int
+		var e syscall.Errno
+		werr := raw.Write(func(fd uintptr) bool {
+			if vec {
+				h := len(p) / 2
+				iov := []syscall.Iovec{{Base: &p[0]}, {Base: &p[h]}}
+				iov[0].SetLen(h)
+				iov[1].SetLen(len(p) - h)
+				if h == 0 {
+					iov = iov[1:]
+				}
+				n, e = Writev(fd, iov, len(p))
+			} else {
+				n, e = Write(fd, p)
+			}
+			return e != syscall.EAGAIN
+		})
+		if werr != nil {
+			return werr
+		}
+		if e != 0 {
+			return fmt.Errorf("write: %w", e)
+		}
+		p = p[n:]
+	}
+	return nil
+}
+
+// TestWriteRead: Write and Writev, below and above RawWriteMax, and
+// Reader at the other end see the same bytes; the sender's close is EOF.
+func TestWriteRead(t *testing.T) {
+	for _, size := range []int{1, 4096, RawWriteMax, RawWriteMax + 1, 1 << 20} {
+		for _, vec := range []bool{false, true} {
+			a, b := pair(t)
+			want := pattern(size)
+			werr := make(chan error, 1)
+			go func() {
+				werr <- rawWrite(a, want, vec)
+				a.CloseWrite()
+			}()
+			got, err := io.ReadAll(NewReader(b))
+			if err != nil {
+				t.Fatalf("size %d, writev %v: %v", size, vec, err)
+			}
+			if err := <-werr; err != nil {
+				t.Fatalf("size %d, writev %v: %v", size, vec, err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("size %d, writev %v: read %d bytes, not what was written", size, vec, len(got))
+			}
+		}
+	}
+}
+
+// TestReadVec: Reader.ReadVec fills its two buffers in order, and the
+// end of the stream is io.EOF.
+func TestReadVec(t *testing.T) {
+	a, b := pair(t)
+	want := pattern(30000)
+	if _, err := a.Write(want); err != nil {
+		t.Fatal(err)
+	}
+	a.CloseWrite()
+	r := NewReader(b)
+	var got []byte
+	for {
+		x, y := make([]byte, 1000), make([]byte, 5000)
+		n, err := r.ReadVec(x, y)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, append(x, y...)[:n]...)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("readv returned %d bytes, not those written", len(got))
+	}
+}
+
+// TestReaderDeadlineAndClose: a Reader waiting for data honours the
+// connection's read deadline and returns when the connection is closed,
+// with the errors net.Conn.Read gives.
+func TestReaderDeadlineAndClose(t *testing.T) {
+	_, b := pair(t)
+	r := NewReader(b)
+	b.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := r.Read(make([]byte, 10)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read past the deadline: %v, want %v", err, os.ErrDeadlineExceeded)
+	}
+	b.SetReadDeadline(time.Time{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Read(make([]byte, 10))
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	b.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("read of a closed connection: %v, want %v", err, net.ErrClosed)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Close did not end a read in progress")
+	}
+}
+
+// TestReaderNoAllocs: a read costs no allocation.
+func TestReaderNoAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	a, b := pair(t)
+	r := NewReader(b)
+	buf := make([]byte, 64)
+	msg := pattern(64)
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := a.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(r, buf); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per write and read, want 0", allocs)
+	}
+}

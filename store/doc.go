@@ -115,18 +115,23 @@
 // # The thin store: durability
 //
 // Map changes are kept in memory, in a batch, in the order they were made
-// (thin_batch.go). A commit, run by Flush, a FUA write, Sync, a snapshot,
-// every second while the batch holds anything, or when it grows past 16K
-// changes (writers wait for one past 64K), first fdatasyncs the data
-// files, then writes the batch in badger transactions that each hold whole
-// replacements (a map entry, the delta entry keeping the old one or the
-// release of its cluster, the allocation from the free ranges), then syncs
+// (thin_batch.go). A commit, run by Flush, a FUA write, Sync, the volume
+// operations that read the map or the space accounting (clone, rollback,
+// deletion, stat and list, open), every second while the batch holds
+// anything, or when it grows past 16K changes (writers wait for one past
+// 64K), first fdatasyncs the data files, then writes the batch in badger
+// transactions that each hold whole replacements (a map entry, the delta
+// entry keeping the old one or the release of its cluster, the allocation
+// from the free ranges), then syncs
 // the database (db.Sync plus an fsync of every memtable WAL and of the
 // directory: badger v4.9.6's db.Sync covers only the mutable memtable's
 // WAL and never syncs its directory). So a map entry never becomes durable
 // before the data it points at, no change is ever durable in part, and a
 // flushed or FUA write survives kill -9 and power loss. Concurrent callers
-// share commits: N concurrent FUA writes cost about two.
+// share commits: N concurrent FUA writes cost about two. A commit syncs
+// the data files before it takes the metadata lock, so a catalog change (a
+// snapshot, a volume created) commits its own small transaction meanwhile
+// instead of waiting for that sync (TestSnapshotBesideDataSync).
 //
 // Writes into newly allocated clusters start the data files' writeback
 // every 16 MiB (thin_pool.go, writebackBytes), so that neither a commit's
@@ -179,8 +184,10 @@
 //
 // A volume has an epoch; entries are born in the volume's current epoch. A
 // snapshot takes the current epoch (the volume moves to the next one), so
-// taking one writes one record whatever the volume's size (after a commit
-// of what the batch holds: BenchmarkSnapshot). A head entry born in or
+// taking one writes one record whatever the volume's size, with the
+// volume's I/O stopped for that transaction only; what the batch holds
+// goes to the database after it, each change naming the snapshot its old
+// entry goes to (BenchmarkSnapshot). A head entry born in or
 // before the latest snapshot's epoch is shared with it. When the head
 // replaces such an entry (a copy on write, a trim, a rollback), the old
 // entry moves into the latest snapshot's delta; otherwise its cluster is

@@ -57,6 +57,7 @@ var layers = []layer{
 	{pkg: "internal/linuxvm", rank: 0, rdmaFree: true, testOnly: true},  // builds and boots the Linux peer VM: nothing of RDMA
 	{pkg: "internal/loopfs", rank: 0, rdmaFree: true, testOnly: true},   // a small file system of a test's own
 	{pkg: "internal/vmmem", rank: 0, rdmaFree: true},                    // a VM's memory as a long-running host's, for benchmarks
+	{pkg: "internal/sockio", rank: 0, rdmaFree: true},                   // the data path's socket system calls (rnic, initiator/nbd)
 }
 
 // place returns the layer of package p (a path relative to the module).

@@ -66,7 +66,10 @@ type conn struct {
 
 	dead     chan struct{}
 	deadOnce sync.Once
-	stopped  chan struct{} // closed when stop has failed the exchanges in flight
+	// cause is why the QP died (it wraps errConnLost); written once
+	// before dead is closed, read only after.
+	cause   error
+	stopped chan struct{} // closed when stop has failed the exchanges in flight
 }
 
 // atomSlot is one atomic operation's result word and completion.
@@ -183,7 +186,7 @@ func (q *conn) acquire(ctx context.Context) (*slot, error) {
 	case i := <-q.free:
 		return &q.slots[i], nil
 	case <-q.dead:
-		return nil, errConnLost
+		return nil, q.cause
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -202,9 +205,10 @@ func (q *conn) tryAcquire() *slot {
 // die ends the QP from its handler: the connection is reset, the loop
 // stops, and (once the engine is done with every buffer, in a goroutine:
 // the handler must not wait for that) every exchange in flight fails with
-// errConnLost and the session is told.
+// cause, which wraps errConnLost, and the session is told.
 func (q *conn) die(cause error) {
 	q.deadOnce.Do(func() {
+		q.cause = cause
 		close(q.dead)
 		q.Kill()
 		go q.stop(cause)
@@ -213,12 +217,14 @@ func (q *conn) die(cause error) {
 
 // stop waits until the engine and the loop are done with the QP, then
 // fails the exchanges in flight (no completion can touch them any more)
-// and the session.
+// and the session, all with the cause: a caller woken by its exchange's
+// failure may report the session lost before stop does, and must carry the
+// same cause (a protocol error stays one).
 func (q *conn) stop(cause error) {
 	q.Stopped()
 	q.Endpoint.Close(nil)
 	for i := range q.slots {
-		q.slots[i].fail()
+		q.slots[i].fail(cause)
 	}
 	close(q.stopped)
 	q.s.fail(cause)

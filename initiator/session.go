@@ -225,7 +225,7 @@ func (s *session) atomic(ctx context.Context, op rnic.WROp, off uint64, compare,
 	select {
 	case k = <-q.afree:
 	case <-q.dead:
-		return 0, errConnLost
+		return 0, q.cause
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
@@ -244,7 +244,7 @@ func (s *session) atomic(ctx context.Context, op rnic.WROp, off uint64, compare,
 			return 0, errConnLost
 		}
 	case <-q.dead:
-		return 0, errConnLost
+		return 0, q.cause
 	}
 	v := nativeUint64(q.atomBuf[k*8:])
 	q.afree <- k

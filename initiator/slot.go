@@ -174,7 +174,7 @@ func (sl *slot) start() error {
 	sl.state.Store(state)
 	if q.isDead() && sl.state.CompareAndSwap(state, slotIdle) {
 		q.free <- sl.idx
-		return errConnLost
+		return q.cause
 	}
 	if _, err := q.QP.PostSend(sl.wrs[:n]...); err != nil {
 		// The QP is going away (or its queue overflowed, which this
@@ -219,12 +219,12 @@ func (sl *slot) finish() {
 	}
 }
 
-// fail ends an exchange in flight with errConnLost (the QP died and the
-// engine is done with it).
-func (sl *slot) fail() {
+// fail ends an exchange in flight with cause, which wraps errConnLost (the
+// QP died and the engine is done with it).
+func (sl *slot) fail(cause error) {
 	switch sl.state.Load() {
 	case slotInflight, slotMapped, slotAbandoned:
-		sl.err = errConnLost
+		sl.err = cause
 		sl.finish()
 	}
 }

@@ -1,11 +1,13 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -83,10 +85,23 @@ func TestFileSystemFilledByAnother(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	buf := make([]byte, 1<<20)
-	for {
-		if _, err := f.Write(buf); err != nil {
-			break // ENOSPC
+	// The other program takes the free space in one fallocate, not in a
+	// loop of writes: the store checks its file system every second and,
+	// once the free space is below its reserve, gives its ballast back to
+	// the file system. A loop of writes running across that check took the
+	// ballast too (a slow host, CI 2026-11-26), and then the store had no
+	// room left for the snapshots' metadata, which is right but not what
+	// this test is about.
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(mnt, &st); err != nil {
+		t.Fatal(err)
+	}
+	n := int64(st.Bfree) * st.Bsize
+	for ; n > 0; n -= 1 << 20 {
+		if err := syscall.Fallocate(int(f.Fd()), 0, 0, n); err == nil {
+			break
+		} else if !errors.Is(err, syscall.ENOSPC) {
+			t.Fatalf("fallocate %d bytes: %v", n, err)
 		}
 	}
 	if err := f.Close(); err != nil {

@@ -281,10 +281,21 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Unlock()
 	var errs []error
 	for _, c := range ctrls {
-		if c.fe != nil && ctx.Err() == nil {
-			if err := c.fe.Volume().Flush(ctx); err != nil {
-				errs = append(errs, fmt.Errorf("nvmf: shutdown: flushing %s: %w", c.subNQN, err))
+		if c.fe == nil || ctx.Err() != nil {
+			continue
+		}
+		if err := c.fe.Volume().Flush(ctx); err != nil {
+			c.mu.Lock()
+			ended := c.ended
+			c.mu.Unlock()
+			if ended && errors.Is(err, store.ErrClosed) {
+				// It was ending already (the host disconnected, or its
+				// keep-alive expired): its session let go of the volume,
+				// and the last session to let go flushes and closes the
+				// handle (target.FrontendSession.End).
+				continue
 			}
+			errs = append(errs, fmt.Errorf("nvmf: shutdown: flushing %s: %w", c.subNQN, err))
 		}
 	}
 	var wg sync.WaitGroup

@@ -22,3 +22,12 @@ func WriteChunk(s Store) int64 {
 	}
 	return writeChunk
 }
+
+// SetCommitChunk makes the thin store s commit at most n batch ops per
+// transaction, releasing its metadata lock between them.
+func SetCommitChunk(s Store, n int) {
+	b := s.(*volumeStore).be.(*thinBackend)
+	b.metaMu.Lock()
+	b.commitChunk = n
+	b.metaMu.Unlock()
+}

@@ -81,6 +81,9 @@ type thinBackend struct {
 	// txnOps is how many batch ops one transaction takes; batchCap bounds
 	// the entries the catalog operations change in one transaction.
 	txnOps, batchCap int
+	// commitChunk is at most how many batch ops a commit writes per hold
+	// of metaMu (the constant; tests lower it).
+	commitChunk int
 
 	committer *syncGroup
 	syncs     atomic.Int64
@@ -368,6 +371,7 @@ func (b *thinBackend) txnLimits() {
 	n := min(b.db.MaxBatchCount()/perOp, (b.db.MaxBatchSize()/perOp)/48)
 	b.txnOps = int(max(64, n/2))
 	b.batchCap = b.txnOps
+	b.commitChunk = commitChunk
 }
 
 // syncMeta makes the metadata database durable: db.Sync covers the WAL of

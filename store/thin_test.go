@@ -1,11 +1,15 @@
 package store_test
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/rnic-dev/rnic/store"
 	"github.com/rnic-dev/rnic/store/storetest"
@@ -111,5 +115,153 @@ func TestThinTryReadAllocs(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { v.TryReadBlocks(3, buf) }); n != 0 {
 		t.Fatalf("TryReadBlocks allocates %v times per call", n)
+	}
+}
+
+// TestThinSnapshotsBetweenCommitTransactions takes snapshots of a volume
+// under copy-on-write writes while commits run, each batch op in its own
+// transaction, so that snapshots commit between the transactions of one
+// batch. Every snapshot must hold, per block, a write acknowledged no
+// later than the snapshot returned and started no earlier than it was
+// asked for; after the store is closed and opened again the snapshots and
+// the head read the same, and the metadata checks out.
+func TestThinSnapshotsBetweenCommitTransactions(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	opts := store.ThinOptions{ClusterSize: 16 << 10}
+	s, err := store.OpenThin(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.SetCommitChunk(s, 1)
+	const n, writers, snaps = 1024, 2, 16
+	const bs = store.BlockSize
+	if _, err := s.CreateVolume(ctx, "live", n*bs, store.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.OpenVolume(ctx, "live")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acked, started [n]atomic.Uint64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, writers+1)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, bs)
+			for tag := uint64(1); ; tag++ {
+				for lba := uint64(w); lba < n; lba += writers {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					started[lba].Store(tag)
+					storetest.FillBlock(buf, lba, tag)
+					if err := v.WriteBlocks(ctx, lba, buf, false); err != nil {
+						errs <- err
+						return
+					}
+					acked[lba].Store(tag)
+				}
+			}
+		}()
+	}
+	// Commits one after the other, through another volume: a Flush of
+	// live would hold off its snapshots until the commit ends.
+	if _, err := s.CreateVolume(ctx, "other", bs, store.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := s.OpenVolume(ctx, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := other.Flush(ctx); err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	readAll := func(s store.Store, name string) []byte {
+		t.Helper()
+		rv, err := s.OpenVolume(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rv.Close()
+		data := make([]byte, n*bs)
+		if err := rv.ReadBlocks(ctx, 0, data); err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	// The bounds of each snapshot are taken as it is made, its blocks
+	// read after the last one: snapshots follow one another closely, to
+	// fall inside commits.
+	var lo, hi [snaps][n]uint64
+	for i := range snaps {
+		for b := range n {
+			lo[i][b] = acked[b].Load()
+		}
+		if _, err := s.CreateSnapshot(ctx, "live", "s"+strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+		for b := range n {
+			hi[i][b] = started[b].Load()
+		}
+		time.Sleep(time.Millisecond) // let the writers copy on write
+	}
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	seen := map[string][]byte{}
+	for i := range snaps {
+		name := "live@s" + strconv.Itoa(i)
+		data := readAll(s, name)
+		for b := range uint64(n) {
+			tag, ok := storetest.BlockTag(data[b*bs:(b+1)*bs], b)
+			if lo[i][b] == 0 && storetest.IsZero(data[b*bs:(b+1)*bs]) {
+				ok, tag = true, 0
+			}
+			if !ok || tag < lo[i][b] || tag > hi[i][b] {
+				t.Fatalf("%s block %d: tag %d (valid %v), want %d..%d", name, b, tag, ok, lo[i][b], hi[i][b])
+			}
+		}
+		seen[name] = data
+	}
+	seen["live"] = readAll(s, "live")
+	for _, h := range []store.Volume{v, other} {
+		if err := h.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store.CheckThin(t, s)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = store.OpenThin(dir, opts); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	store.CheckThin(t, s)
+	for name, want := range seen {
+		if got := readAll(s, name); !bytes.Equal(got, want) {
+			t.Errorf("%s reads otherwise after the store was opened again", name)
+		}
 	}
 }

@@ -235,14 +235,14 @@ func (s *session) atomic(ctx context.Context, op rnic.WROp, off uint64, compare,
 		wr.Compare, wr.CompareMask, wr.AddSwapMask = compare, ^uint64(0), ^uint64(0)
 	}
 	if _, err := q.QP.PostSend(wr); err != nil {
-		return 0, errConnLost
+		// The QP is going away: whatever killed it is the cause.
+		q.die(fmt.Errorf("%w: QP %d: posting an atomic: %w", errConnLost, q.QP.ID(), err))
+		return 0, q.cause
 	}
-	// An atomic is not abandoned on ctx: it completes or the QP dies.
+	// An atomic is not abandoned on ctx: it completes or the QP dies (a
+	// failed completion kills it before it reaches done: dispatch).
 	select {
-	case st := <-q.atoms[k].done:
-		if st != rnic.StatusSuccess {
-			return 0, errConnLost
-		}
+	case <-q.atoms[k].done:
 	case <-q.dead:
 		return 0, q.cause
 	}

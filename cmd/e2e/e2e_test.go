@@ -151,6 +151,26 @@ func waitPort(t *testing.T, addr string, p *proc) {
 	t.Fatalf("%s not listening after 20s\n%s", addr, p.output())
 }
 
+// waitOutput waits (up to 30 s) until p has printed want, a log message:
+// for rinit nbd, "serving NBD" means its session is up, which a listening
+// port does not (rinit listens before it connects to the target).
+func waitOutput(t *testing.T, p *proc, want string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(p.output(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s has not printed %q after 30s\n%s", p.cmd.Path, want, p.output())
+		}
+		select {
+		case err := <-p.done:
+			p.done <- err
+			t.Fatalf("%s exited: %v\n%s", p.cmd.Path, err, p.output())
+		default:
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // stack is rtarget + rinit nbd on loopback.
 type stack struct {
 	t              *testing.T

@@ -317,7 +317,9 @@ func TestFaultProxy(t *testing.T) {
 	waitPort(t, targetAddr, target)
 	px := newFaultProxy(t, targetAddr, seed)
 	rinit := start(t, ri, "nbd", "--target", px.addr(), "--volume", "vol", "--listen", nbdAddr, "--name", "faulty")
-	waitPort(t, nbdAddr, rinit)
+	// Faults begin once the session is up: a login cut at rinit's start
+	// ends rinit, rightly (connect fails, and says why).
+	waitOutput(t, rinit, "serving NBD")
 	uri := "nbd://" + nbdAddr + "/vol"
 
 	// Jobs go on past dur (up to extra more) while a fault kind is missing.

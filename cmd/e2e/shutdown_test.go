@@ -8,16 +8,6 @@ import (
 	"time"
 )
 
-// waitOutput waits (up to 30 s) until p has printed s.
-func waitOutput(t *testing.T, p *proc, s string) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(p.output(), s); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never printed %q:\n%s", p.cmd.Path, s, p.output())
-		}
-	}
-}
-
 // exited waits up to d for p to exit and returns its error; false if it
 // is still running.
 func exited(p *proc, d time.Duration) (error, bool) {

@@ -237,8 +237,8 @@
 // tell a torn write from a crash between the two), and every read two
 // reads. Measured at its cheapest, one 4-byte CRC-32C per block in a table
 // in the same file (BenchmarkChecksumCost, 4 KiB at QD16 over 1 GiB),
-// it costs 22-23% of the CPU of random reads and 9-12% of random writes,
-// over the 5% the store may spend. badger checks its own tables; data
+// it costs 22-40% of the CPU of random reads and 9-14% of random writes
+// (two hosts), over the 5% the store may spend. badger checks its own tables; data
 // integrity is left to the file system and the device under the data files
 // (or a dm-integrity device), as LVM thin and LIO's file backstore do.
 //

@@ -270,8 +270,13 @@ func createOpen(tb testing.TB, s store.Store, name string, size int64) store.Vol
 }
 
 // BenchmarkSnapshot takes snapshots of an open volume: 1 GiB written in
-// full, and 64 GiB and 1 TiB with 1 GiB written.
+// full, and 64 GiB and 1 TiB with 1 GiB written. It keeps the volume at
+// most keepSnaps snapshots (deleting the oldest outside the timer), so
+// that b.N measures volume size and not snapshot count: each snapshot
+// rewrites the volume's record, which lists them all (2.9 ms with 100 of
+// them, 37.7 ms with 20,000, on one host).
 func BenchmarkSnapshot(b *testing.B) {
+	const keepSnaps = 64
 	for _, size := range []int64{1 << 30, 64 << 30, 1 << 40} {
 		b.Run(fmt.Sprintf("%dGiB", size>>30), func(b *testing.B) {
 			s := openBenchStore(b)
@@ -290,6 +295,13 @@ func BenchmarkSnapshot(b *testing.B) {
 					b.Fatal(err)
 				}
 				worst = max(worst, time.Since(start))
+				if i >= keepSnaps {
+					b.StopTimer()
+					if err := s.DeleteSnapshot(context.Background(), "v", fmt.Sprintf("s%d", i-keepSnaps)); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+				}
 			}
 			b.ReportMetric(float64(worst.Microseconds())/1000, "worst-ms")
 		})

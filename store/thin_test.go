@@ -3,11 +3,10 @@ package store_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -143,33 +142,7 @@ func TestThinSnapshotsBetweenCommitTransactions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var acked, started [n]atomic.Uint64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	errs := make(chan error, writers+1)
-	for w := range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, bs)
-			for tag := uint64(1); ; tag++ {
-				for lba := uint64(w); lba < n; lba += writers {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					started[lba].Store(tag)
-					storetest.FillBlock(buf, lba, tag)
-					if err := v.WriteBlocks(ctx, lba, buf, false); err != nil {
-						errs <- err
-						return
-					}
-					acked[lba].Store(tag)
-				}
-			}
-		}()
-	}
+	tw := storetest.StartTagWriters(ctx, v, n, writers)
 	// Commits one after the other, through another volume: a Flush of
 	// live would hold off its snapshots until the commit ends.
 	if _, err := s.CreateVolume(ctx, "other", bs, store.CreateOptions{}); err != nil {
@@ -179,17 +152,17 @@ func TestThinSnapshotsBetweenCommitTransactions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wg.Add(1)
+	stop, flushed := make(chan struct{}), make(chan error, 1)
 	go func() {
-		defer wg.Done()
 		for {
 			select {
 			case <-stop:
+				flushed <- nil
 				return
 			default:
 			}
 			if err := other.Flush(ctx); err != nil {
-				errs <- err
+				flushed <- err
 				return
 			}
 		}
@@ -210,37 +183,25 @@ func TestThinSnapshotsBetweenCommitTransactions(t *testing.T) {
 	// The bounds of each snapshot are taken as it is made, its blocks
 	// read after the last one: snapshots follow one another closely, to
 	// fall inside commits.
-	var lo, hi [snaps][n]uint64
+	var lo, hi [snaps][]uint64
 	for i := range snaps {
-		for b := range n {
-			lo[i][b] = acked[b].Load()
-		}
+		lo[i] = storetest.Load(tw.Acked)
 		if _, err := s.CreateSnapshot(ctx, "live", "s"+strconv.Itoa(i)); err != nil {
 			t.Fatal(err)
 		}
-		for b := range n {
-			hi[i][b] = started[b].Load()
-		}
+		hi[i] = storetest.Load(tw.Started)
 		time.Sleep(time.Millisecond) // let the writers copy on write
 	}
 	close(stop)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := errors.Join(tw.Stop(), <-flushed); err != nil {
 		t.Fatal(err)
 	}
 	seen := map[string][]byte{}
 	for i := range snaps {
 		name := "live@s" + strconv.Itoa(i)
 		data := readAll(s, name)
-		for b := range uint64(n) {
-			tag, ok := storetest.BlockTag(data[b*bs:(b+1)*bs], b)
-			if lo[i][b] == 0 && storetest.IsZero(data[b*bs:(b+1)*bs]) {
-				ok, tag = true, 0
-			}
-			if !ok || tag < lo[i][b] || tag > hi[i][b] {
-				t.Fatalf("%s block %d: tag %d (valid %v), want %d..%d", name, b, tag, ok, lo[i][b], hi[i][b])
-			}
+		if err := storetest.CheckTags(data, lo[i], hi[i]); err != nil {
+			t.Fatalf("%s: %v", name, err)
 		}
 		seen[name] = data
 	}

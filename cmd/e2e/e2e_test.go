@@ -140,15 +140,21 @@ func waitPort(t *testing.T, addr string, p *proc) {
 			c.Close()
 			return
 		}
-		select {
-		case err := <-p.done:
-			p.done <- err
-			t.Fatalf("%s exited: %v\n%s", p.cmd.Path, err, p.output())
-		default:
-		}
+		p.failIfExited(t)
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("%s not listening after 20s\n%s", addr, p.output())
+}
+
+// failIfExited fails t if p has exited.
+func (p *proc) failIfExited(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		p.done <- err
+		t.Fatalf("%s exited: %v\n%s", p.cmd.Path, err, p.output())
+	default:
+	}
 }
 
 // waitOutput waits (up to 30 s) until p has printed want, a log message:
@@ -161,12 +167,7 @@ func waitOutput(t *testing.T, p *proc, want string) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s has not printed %q after 30s\n%s", p.cmd.Path, want, p.output())
 		}
-		select {
-		case err := <-p.done:
-			p.done <- err
-			t.Fatalf("%s exited: %v\n%s", p.cmd.Path, err, p.output())
-		default:
-		}
+		p.failIfExited(t)
 		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/rnic-dev/rnic/store"
@@ -335,58 +333,18 @@ func testSnapshotOfOpenVolume(t *testing.T, s *suite) {
 	const n, writers = 64, 4
 	v := s.mustCreate("live", n*bs)
 	defer v.Close()
-	var acked, started [n]atomic.Uint64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	errs := make(chan error, writers)
-	for w := range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, bs)
-			for tag := uint64(1); ; tag++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				for lba := uint64(w); lba < n; lba += writers {
-					started[lba].Store(tag)
-					FillBlock(buf, lba, tag)
-					if err := v.WriteBlocks(ctx, lba, buf, false); err != nil {
-						errs <- err
-						return
-					}
-					acked[lba].Store(tag)
-				}
-			}
-		}()
-	}
+	tw := StartTagWriters(ctx, v, n, writers)
 	for i := range 5 {
-		var lo [n]uint64
-		for b := range lo {
-			lo[b] = acked[b].Load()
-		}
+		lo := Load(tw.Acked)
 		name := fmt.Sprintf("s%d", i)
 		mustSnap(t, s, "live", name)
-		var hi [n]uint64
-		for b := range hi {
-			hi[b] = started[b].Load()
-		}
-		data := s.readAll("live@" + name)
-		for b := range uint64(n) {
-			tag, ok := BlockTag(data[b*bs:(b+1)*bs], b)
-			if !ok || tag < lo[b] || tag > hi[b] {
-				close(stop)
-				wg.Wait()
-				t.Fatalf("snapshot %s block %d: tag %d (valid %v), want %d..%d", name, b, tag, ok, lo[b], hi[b])
-			}
+		hi := Load(tw.Started)
+		if err := CheckTags(s.readAll("live@"+name), lo, hi); err != nil {
+			tw.Stop()
+			t.Fatalf("snapshot %s: %v", name, err)
 		}
 	}
-	close(stop)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := tw.Stop(); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,10 +18,11 @@ import (
 // a Bad Close (draft T17): the stream is reset, the WQE flushed, the QP
 // moves to Error and raises "Bad Close". The peer, in RTS, sees the reset.
 func TestBadCloseLocal(t *testing.T) {
-	a, b := sendLeftOnSQ(t, 7)
+	a, b, release := sendLeftOnSQ(t, 7)
 	if err := a.qp.Modify(StateClosing, ModifyAttrs{}); err != nil {
 		t.Fatalf("modify to Closing: %v", err)
 	}
+	release()
 	a.waitEvent(EventBadClose)
 	a.waitState(StateError)
 	if wc := a.wait(a.scq); wc.ID != 7 || wc.Status != StatusFlushed {
@@ -41,12 +43,13 @@ func TestBadCloseLocal(t *testing.T) {
 // it to Error with "Bad Close" (the draft's MAY; the Terminate it MAY keep
 // for Query QP is not parsed: any segment in Closing ends the stream).
 func TestBadLLPClose(t *testing.T) {
-	a, b := sendLeftOnSQ(t, 9)
+	a, b, release := sendLeftOnSQ(t, 9)
 	if err := b.qp.Modify(StateClosing, ModifyAttrs{}); err != nil {
 		t.Fatalf("peer modify to Closing: %v", err)
 	}
 	want := term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpCatastrophicStream}
 	ev := a.waitEvent(EventBadLLPClose)
+	release() // a is terminating: its transmitter sends the Terminate, not the Send
 	if ev.Terminate == nil || !ev.TerminateSent || ev.Terminate.Cause != want {
 		t.Fatalf("Bad LLP Close event %+v, want our Terminate %v", ev, want)
 	}
@@ -115,12 +118,18 @@ func peerSawReset(t *testing.T, p *rawpeer.Peer) {
 	}
 }
 
-// sendLeftOnSQ connects a pair and leaves a Send (WR id) on a's SQ: one
-// Send from a to b completes first, so that a's transmitter has run and
-// waits for its doorbell; the next Send, posted under Plug, then stays on
-// the SQ, since nothing else wakes the transmitter in these tests (a plug
-// only delays, see QP.Plug). The plug is released when the test ends.
-func sendLeftOnSQ(t *testing.T, id uint64) (a, b *side) {
+// sendLeftOnSQ connects a pair and leaves a Send (WR id) on a's SQ. One
+// Send from a to b completes first, so that the stream is open; then the
+// test holds a's transmit lock (txMu) while it posts the second Send, which
+// stays queued: neither the poster (it only sends inline when the lock is
+// free) nor the transmit goroutine (it blocks on the lock) can send it.
+// A Plug would not do: it only delays, and the transmit goroutine, still
+// looping after the first Send's completion, may pick the WR up.
+//
+// The caller calls release once its QP has left RTS: the transmitter then
+// finds the stream aborted or terminating and sends no Send. release is
+// also called when the test ends.
+func sendLeftOnSQ(t *testing.T, id uint64) (a, b *side, release func()) {
 	var bRecv *MR
 	a, b = newPair(t, pairOpts{}, func(a, b *side) {
 		bRecv, _ = b.reg(64, LocalWrite)
@@ -130,8 +139,13 @@ func sendLeftOnSQ(t *testing.T, id uint64) (a, b *side) {
 	a.post(SendWR{ID: 1, Op: WRSend, SGL: []SGE{{STag: msg.STag(), Len: 16}}})
 	a.waitOK(a.scq, WRSend)
 	b.waitOK(b.rcq, WRRecv)
-	a.qp.Plug()
-	t.Cleanup(a.qp.Unplug)
+	a.qp.mu.Lock()
+	c := a.qp.conn
+	a.qp.mu.Unlock()
+	c.txMu.Lock()
+	var once sync.Once
+	release = func() { once.Do(c.txMu.Unlock) }
+	t.Cleanup(release)
 	a.post(SendWR{ID: id, Op: WRSend, SGL: []SGE{{STag: msg.STag(), Len: 16}}})
-	return a, b
+	return a, b, release
 }

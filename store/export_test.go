@@ -31,3 +31,12 @@ func SetCommitChunk(s Store, n int) {
 	b.commitChunk = n
 	b.metaMu.Unlock()
 }
+
+// SetRecordCacheMin makes the thin store s cache the decoded volume
+// records of n bytes and more.
+func SetRecordCacheMin(s Store, n int) {
+	c := &s.(*volumeStore).be.(*thinBackend).recs
+	c.mu.Lock()
+	c.min = n
+	c.mu.Unlock()
+}

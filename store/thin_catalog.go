@@ -23,7 +23,12 @@ func (b *thinBackend) getRecord(txn *badger.Txn, name string) (*thinRecord, erro
 	}
 	var rec *thinRecord
 	err = item.Value(func(v []byte) error {
-		rec, err = decodeThinRecord(name, v)
+		if rec = b.recs.get(name, v); rec != nil {
+			return nil
+		}
+		if rec, err = decodeThinRecord(name, v); err == nil {
+			b.recs.put(name, v, rec)
+		}
 		return err
 	})
 	return rec, err
@@ -48,9 +53,15 @@ func (b *thinBackend) putRecord(txn *badger.Txn, rec *thinRecord) error {
 	if err != nil {
 		return err
 	}
+	if err := rec.check(rec.Name); err != nil {
+		return fmt.Errorf("writing a bad record: %w", err)
+	}
 	if err := txn.Set(thinVolumeKey(rec.Name), v); err != nil {
 		return err
 	}
+	// What the next lookup decodes is rec: decoding an encoded record
+	// gives it back (TestThinRecordRoundTrip).
+	b.recs.put(rec.Name, v, rec)
 	return txn.Set(idKey(tkVolumeID, rec.ID), []byte(rec.Name))
 }
 
@@ -63,9 +74,16 @@ func (b *thinBackend) records(txn *badger.Txn) ([]*thinRecord, error) {
 		item := it.Item()
 		name := string(item.Key()[1:])
 		err := item.Value(func(v []byte) error {
-			rec, err := decodeThinRecord(name, v)
+			rec := b.recs.get(name, v)
+			if rec == nil {
+				var err error
+				if rec, err = decodeThinRecord(name, v); err != nil {
+					return err
+				}
+				b.recs.put(name, v, rec)
+			}
 			out = append(out, rec)
-			return err
+			return nil
 		})
 		if err != nil {
 			return nil, err
@@ -394,6 +412,7 @@ func (b *thinBackend) deleteVolume(ctx context.Context, info VolumeInfo) error {
 		if err := txn.Delete(thinVolumeKey(rec.Name)); err != nil {
 			return err
 		}
+		b.recs.drop(rec.Name)
 		if err := txn.Delete(idKey(tkVolumeID, rec.ID)); err != nil {
 			return err
 		}

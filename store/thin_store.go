@@ -85,6 +85,8 @@ type thinBackend struct {
 	// of metaMu (the constant; tests lower it).
 	commitChunk int
 
+	recs recordCache // decoded volume records (getRecord)
+
 	committer *syncGroup
 	syncs     atomic.Int64
 	failed    atomic.Pointer[error] // a commit that failed: the store refuses changes

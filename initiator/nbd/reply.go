@@ -34,14 +34,13 @@ type replyWriter struct {
 	closed   bool
 
 	// Of the batch being written (by one writer at a time).
-	batch    []*request
-	bufs     net.Buffers // what is left to write of the batch
-	arr      net.Buffers // bufs' array (writing consumes bufs from the front)
-	iov      []syscall.Iovec
-	iovBytes int // the bytes iov describes
-	wn       uintptr
-	werrn    syscall.Errno
-	write    func(fd uintptr) bool
+	batch []*request
+	bufs  net.Buffers // what is left to write of the batch
+	arr   net.Buffers // bufs' array (writing consumes bufs from the front)
+	iov   []syscall.Iovec
+	wn    uintptr
+	werrn syscall.Errno
+	write func(fd uintptr) bool
 
 	wake chan struct{} // the goroutine has a partly written batch to finish
 	quit chan struct{} // closed by close: the goroutine ends
@@ -174,7 +173,7 @@ func (w *replyWriter) writeNow() bool {
 		return len(w.bufs) == 0
 	}
 	for len(w.bufs) > 0 {
-		w.iov, w.iovBytes = w.iov[:0], 0
+		w.iov = w.iov[:0]
 		for _, b := range w.bufs {
 			if len(w.iov) == maxIov {
 				break
@@ -182,7 +181,6 @@ func (w *replyWriter) writeNow() bool {
 			if len(b) > 0 {
 				w.iov = append(w.iov, syscall.Iovec{Base: &b[0]})
 				w.iov[len(w.iov)-1].SetLen(len(b))
-				w.iovBytes += len(b)
 			}
 		}
 		if err := w.raw.Write(w.write); err != nil {
@@ -210,7 +208,7 @@ func (w *replyWriter) writev(fd uintptr) bool {
 	if len(w.iov) == 0 {
 		return true
 	}
-	n, e := sockio.Writev(fd, w.iov, w.iovBytes)
+	n, e := sockio.Writev(fd, w.iov)
 	w.wn, w.werrn = uintptr(n), e
 	return true
 }

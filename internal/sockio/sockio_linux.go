@@ -39,28 +39,19 @@ func Write(fd uintptr, p []byte) (int, syscall.Errno) {
 	if raceEnabled {
 		return errno(syscall.Write(int(fd), p))
 	}
-	sc := syscall.RawSyscall
-	if len(p) > RawWriteMax {
-		sc = syscall.Syscall
-	}
-	r, _, e := sc(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+	r, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
 	if e != 0 {
 		return 0, e
 	}
 	return int(r), 0
 }
 
-// Writev writes the buffers of iov, total bytes in all, to the
-// non-blocking socket fd.
-func Writev(fd uintptr, iov []syscall.Iovec, total int) (int, syscall.Errno) {
+// Writev writes the buffers of iov to the non-blocking socket fd.
+func Writev(fd uintptr, iov []syscall.Iovec) (int, syscall.Errno) {
 	if raceEnabled {
 		syscall.Write(int(fd), nil) // writes nothing; the wrapper's release
 	}
-	sc := syscall.RawSyscall
-	if total > RawWriteMax {
-		sc = syscall.Syscall
-	}
-	r, _, e := sc(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(unsafe.SliceData(iov))), uintptr(len(iov)))
+	r, _, e := syscall.RawSyscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(unsafe.SliceData(iov))), uintptr(len(iov)))
 	if e != 0 {
 		return 0, e
 	}

@@ -14,7 +14,7 @@ func Read(fd uintptr, p []byte) (int, syscall.Errno) { return errno(syscall.Read
 func Write(fd uintptr, p []byte) (int, syscall.Errno) { return errno(syscall.Write(int(fd), p)) }
 
 // Writev writes the buffers of iov to the non-blocking socket fd.
-func Writev(fd uintptr, iov []syscall.Iovec, _ int) (int, syscall.Errno) {
+func Writev(fd uintptr, iov []syscall.Iovec) (int, syscall.Errno) {
 	r, _, e := syscall.Syscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(unsafe.SliceData(iov))), uintptr(len(iov)))
 	if e != 0 {
 		return 0, e

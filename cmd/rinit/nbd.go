@@ -324,7 +324,7 @@ func runAttach(c *cli.Context) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.ServeTransmission(srvCtx, srvConn, exp.Name) }()
 	doIt := make(chan error, 1)
-	go func() { doIt <- nbdIoctl(f, nbdDoIt, 0) }()
+	go func() { doIt <- nbdDoItIoctl(f) }()
 	go func() { // the device is usable once the kernel reports its size
 		sizeFile := filepath.Join("/sys/block", filepath.Base(dev), "size")
 		for i := 0; i < 100; i++ {

@@ -139,9 +139,7 @@ func sendLeftOnSQ(t *testing.T, id uint64) (a, b *side, release func()) {
 	a.post(SendWR{ID: 1, Op: WRSend, SGL: []SGE{{STag: msg.STag(), Len: 16}}})
 	a.waitOK(a.scq, WRSend)
 	b.waitOK(b.rcq, WRRecv)
-	a.qp.mu.Lock()
-	c := a.qp.conn
-	a.qp.mu.Unlock()
+	c := a.stream()
 	c.txMu.Lock()
 	var once sync.Once
 	release = func() { once.Do(c.txMu.Unlock) }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 )
 
@@ -246,21 +247,29 @@ func TestPlug(t *testing.T) {
 	a.post(SendWR{ID: 99, Op: WRSend, SGL: []SGE{{STag: msg.STag(), TO: 16 * 64, Len: 64}}})
 	a.waitOK(a.scq, WRSend)
 	b.waitOK(b.rcq, WRRecv)
-	// The transmit goroutine completed that Send in its run loop, or did
-	// nothing: once it lets go of txMu it waits for a kick, and nothing
-	// else kicks it in this test.
+	// The posts below run with a's transmit lock held, so that the
+	// transmit goroutine cannot run for other reasons meanwhile (a plug only
+	// delays). A kick left from that first Send (its post found the
+	// transmitter busy or the gate still closed) is taken: there is no work
+	// left for it.
 	c := a.stream()
 	c.txMu.Lock()
-	c.txMu.Unlock()
+	var once sync.Once
+	release := func() { once.Do(c.txMu.Unlock) }
+	t.Cleanup(release)
+	select {
+	case <-c.doorbell:
+	default:
+	}
 	a.qp.Plug()
 	a.qp.Plug()
 	for i := 0; i < 16; i++ {
 		a.post(SendWR{ID: uint64(i), Op: WRSend, SGL: []SGE{{STag: msg.STag(), TO: uint64(i * 64), Len: 64}}})
 	}
 	a.qp.Unplug()
-	// Still plugged once: neither the posts nor the inner Unplug sent
-	// anything (inline) or kicked the transmitter; all 16 WQEs are queued,
-	// not started.
+	// Still plugged once: neither the posts nor the inner Unplug pushed
+	// (a push that finds the transmit lock taken kicks the transmitter);
+	// all 16 WQEs are queued, not started.
 	q := a.qp.sq
 	q.mu.Lock()
 	unstarted := q.tail - q.next
@@ -271,6 +280,7 @@ func TestPlug(t *testing.T) {
 	if n := b.rcq.Len(); n != 0 {
 		t.Fatalf("%d Sends arrived while plugged", n)
 	}
+	release()
 	a.qp.Unplug()
 	for i := 0; i < 16; i++ {
 		if wc := a.waitOK(a.scq, WRSend); wc.ID != uint64(i) {

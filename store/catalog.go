@@ -299,7 +299,8 @@ func (s *volumeStore) shared(ctx context.Context, name string, fn func(info Volu
 	}
 	info, err := s.be.getVolume(ctx, name)
 	if err != nil {
-		return err
+		// Say which was missing: the callers name a snapshot too.
+		return fmt.Errorf("volume %q: %w", name, err)
 	}
 	return fn(info)
 }

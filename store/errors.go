@@ -8,8 +8,8 @@ import (
 
 // Errors returned (wrapped) by this package; test with errors.Is.
 var (
-	ErrNotFound   = errors.New("volume not found")
-	ErrExists     = errors.New("volume already exists")
+	ErrNotFound   = errors.New("not found")
+	ErrExists     = errors.New("already exists")
 	ErrBusy       = errors.New("volume is busy")
 	ErrOutOfRange = errors.New("block range out of volume bounds")
 	ErrChecksum   = errors.New("stored block failed checksum")

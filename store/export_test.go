@@ -32,11 +32,12 @@ func SetCommitChunk(s Store, n int) {
 	b.metaMu.Unlock()
 }
 
-// SetRecordCacheMin makes the thin store s cache the decoded volume
-// records of n bytes and more.
-func SetRecordCacheMin(s Store, n int) {
+// DisableRecordCache makes the thin store s decode every volume record it
+// reads and load its snapshots.
+func DisableRecordCache(s Store) {
 	c := &s.(*volumeStore).be.(*thinBackend).recs
 	c.mu.Lock()
-	c.min = n
+	c.off = true
+	clear(c.m)
 	c.mu.Unlock()
 }

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -14,7 +15,16 @@ import (
 
 // Volume records of the thin store: create, look up, list, delete, resize.
 
+// getRecord returns the record of volume name with its snapshots. It
+// iterates when the record is not cached: not inside another iteration of
+// txn when txn writes (badger allows one iterator at a time there).
 func (b *thinBackend) getRecord(txn *badger.Txn, name string) (*thinRecord, error) {
+	return b.lookupRecord(txn, name, true)
+}
+
+// lookupRecord is getRecord; without own, the record may be the cache's,
+// which the caller must not change.
+func (b *thinBackend) lookupRecord(txn *badger.Txn, name string, own bool) (*thinRecord, error) {
 	item, err := txn.Get(thinVolumeKey(name))
 	if errors.Is(err, badger.ErrKeyNotFound) {
 		return nil, ErrNotFound
@@ -22,16 +32,50 @@ func (b *thinBackend) getRecord(txn *badger.Txn, name string) (*thinRecord, erro
 		return nil, err
 	}
 	var rec *thinRecord
+	var raw []byte
 	err = item.Value(func(v []byte) error {
-		if rec = b.recs.get(name, v); rec != nil {
+		if rec = b.recs.get(name, v, own); rec != nil {
 			return nil
 		}
-		if rec, err = decodeThinRecord(name, v); err == nil {
-			b.recs.put(name, v, rec)
-		}
+		raw = bytes.Clone(v)
+		rec, err = decodeThinRecord(name, v)
 		return err
 	})
-	return rec, err
+	if err != nil || raw == nil {
+		return rec, err
+	}
+	if err := b.loadSnaps(txn, rec); err != nil {
+		return nil, err
+	}
+	b.recs.put(name, raw, rec)
+	return rec, nil
+}
+
+// loadSnaps reads the snapshots of a record of version 2 from their keys.
+func (b *thinBackend) loadSnaps(txn *badger.Txn, rec *thinRecord) error {
+	if rec.Version == thinRecordVersionV1 {
+		return nil // in the record
+	}
+	prefix := idKey(tkSnap, rec.ID)
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 256})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		item := it.Item()
+		k := item.Key()
+		if len(k) != len(prefix)+4 {
+			return fmt.Errorf("volume %q: snapshot key %x: %w", rec.Name, k, ErrCorrupt)
+		}
+		epoch := binary.BigEndian.Uint32(k[len(prefix):])
+		err := item.Value(func(v []byte) error {
+			s, err := decodeSnap(rec.Name, epoch, v)
+			rec.Snapshots = append(rec.Snapshots, s)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (b *thinBackend) recordByID(txn *badger.Txn, id uint32) (*thinRecord, error) {
@@ -48,7 +92,61 @@ func (b *thinBackend) recordByID(txn *badger.Txn, id uint32) (*thinRecord, error
 	return b.getRecord(txn, string(name))
 }
 
+// putRecord stores rec: its snapshots that differ from those stored (a new
+// one, one being deleted, one gone), each under its key, then the record
+// without them. A change to the snapshots draws a new SnapTag.
 func (b *thinBackend) putRecord(txn *badger.Txn, rec *thinRecord) error {
+	for i := 1; i < len(rec.Snapshots); i++ {
+		if rec.Snapshots[i].Epoch <= rec.Snapshots[i-1].Epoch {
+			return fmt.Errorf("writing record %q: snapshots out of epoch order: %w", rec.Name, ErrCorrupt)
+		}
+	}
+	var old []thinSnap // stored under snapshot keys, by epoch
+	switch stored, err := b.lookupRecord(txn, rec.Name, false); {
+	case errors.Is(err, ErrNotFound):
+	case err != nil:
+		return err
+	case stored.ID != rec.ID:
+		return fmt.Errorf("writing record %q of id %d over that of id %d: %w", rec.Name, rec.ID, stored.ID, ErrCorrupt)
+	case stored.Version == thinRecordVersion:
+		// Those of a record of version 1 have no keys yet: all are written.
+		old = stored.Snapshots
+	}
+	// Both lists are in epoch order: one merge finds what changed.
+	changed := false
+	i, j := 0, 0
+	for i < len(rec.Snapshots) || j < len(old) {
+		switch {
+		case j == len(old) || i < len(rec.Snapshots) && rec.Snapshots[i].Epoch < old[j].Epoch:
+			// New, or changed (below).
+		case i == len(rec.Snapshots) || old[j].Epoch < rec.Snapshots[i].Epoch:
+			if err := txn.Delete(snapKey(rec.ID, old[j].Epoch)); err != nil {
+				return err
+			}
+			changed = true
+			j++
+			continue
+		default: // the same epoch
+			j++
+			if sameSnap(&old[j-1], &rec.Snapshots[i]) {
+				i++
+				continue
+			}
+		}
+		s := &rec.Snapshots[i]
+		v, err := encodeSnap(s)
+		if err != nil {
+			return err
+		}
+		if err := txn.Set(snapKey(rec.ID, s.Epoch), v); err != nil {
+			return err
+		}
+		changed = true
+		i++
+	}
+	if changed {
+		rec.SnapTag = newSnapTag()
+	}
 	v, err := encodeThinRecord(rec)
 	if err != nil {
 		return err
@@ -59,35 +157,29 @@ func (b *thinBackend) putRecord(txn *badger.Txn, rec *thinRecord) error {
 	if err := txn.Set(thinVolumeKey(rec.Name), v); err != nil {
 		return err
 	}
-	// What the next lookup decodes is rec: decoding an encoded record
-	// gives it back (TestThinRecordRoundTrip).
+	// What the next lookup reads is rec: decoding an encoded record gives
+	// it back (TestThinRecordRoundTrip), and its snapshots are those just
+	// written.
 	b.recs.put(rec.Name, v, rec)
 	return txn.Set(idKey(tkVolumeID, rec.ID), []byte(rec.Name))
 }
 
 // records returns every volume record.
 func (b *thinBackend) records(txn *badger.Txn) ([]*thinRecord, error) {
-	var out []*thinRecord
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{tkVolume}, PrefetchValues: true, PrefetchSize: 16})
-	defer it.Close()
+	var names []string
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{tkVolume}})
 	for it.Rewind(); it.Valid(); it.Next() {
-		item := it.Item()
-		name := string(item.Key()[1:])
-		err := item.Value(func(v []byte) error {
-			rec := b.recs.get(name, v)
-			if rec == nil {
-				var err error
-				if rec, err = decodeThinRecord(name, v); err != nil {
-					return err
-				}
-				b.recs.put(name, v, rec)
-			}
-			out = append(out, rec)
-			return nil
-		})
+		names = append(names, string(it.Item().Key()[1:]))
+	}
+	// Closed before the lookups, which may iterate over snapshot keys.
+	it.Close()
+	out := make([]*thinRecord, 0, len(names))
+	for _, name := range names {
+		rec, err := b.getRecord(txn, name)
 		if err != nil {
 			return nil, err
 		}
+		out = append(out, rec)
 	}
 	return out, nil
 }
@@ -437,6 +529,29 @@ func (b *thinBackend) reap(id uint32) error {
 			if !more {
 				break
 			}
+		}
+	}
+	// Its snapshot keys (the records of those snapshots: no data).
+	for {
+		more := false
+		err := b.update(func(txn *badger.Txn) error {
+			var keys [][]byte
+			it := txn.NewIterator(badger.IteratorOptions{Prefix: idKey(tkSnap, id)})
+			for it.Rewind(); it.Valid(); it.Next() {
+				if len(keys) == b.batchCap {
+					more = true
+					break
+				}
+				keys = append(keys, it.Item().KeyCopy(nil))
+			}
+			it.Close()
+			return deleteKeys(txn, keys)
+		})
+		if err != nil {
+			return fmt.Errorf("delete the snapshots of deleted volume %d: %w", id, err)
+		}
+		if !more {
+			break
 		}
 	}
 	return b.update(func(txn *badger.Txn) error { return txn.Delete(idKey(tkReap, id)) })

@@ -28,6 +28,9 @@ func (b *thinBackend) check(ctx context.Context) error {
 			return err
 		}
 		for _, rec := range recs {
+			if rec.Version != thinRecordVersion {
+				return fmt.Errorf("volume %q: record of version %d in a store of format %d", rec.Name, rec.Version, thinFormatVersion)
+			}
 			if rec.Rollback != nil {
 				return fmt.Errorf("volume %q: rollback left unfinished", rec.Name)
 			}
@@ -75,11 +78,21 @@ func (b *thinBackend) check(ctx context.Context) error {
 				return fmt.Errorf("volume %q: head cluster %d is newer than snapshot epoch %d, which lacks it", rec.Name, c, latest)
 			}
 		}
-		// Deltas and maps of volumes that are no more.
-		for _, prefix := range []byte{tkMap, tkDelta} {
+		// Deltas, maps and snapshots of volumes that are no more.
+		live := map[uint32]bool{}
+		for _, rec := range recs {
+			if r, err := b.recordByID(txn, rec.ID); err != nil || r.Name != rec.Name {
+				return fmt.Errorf("volume %q: its id %d finds another record: %v", rec.Name, rec.ID, err)
+			}
+			live[rec.ID] = true
+		}
+		for _, prefix := range []byte{tkMap, tkDelta, tkSnap} {
 			it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{prefix}})
 			for it.Rewind(); it.Valid(); it.Next() {
 				id := binary.BigEndian.Uint32(it.Item().Key()[1:5])
+				if live[id] {
+					continue
+				}
 				if _, err := b.recordByID(txn, id); err != nil {
 					it.Close()
 					return fmt.Errorf("key %x of volume %d: %w", it.Item().Key(), id, err)

@@ -16,6 +16,7 @@ const (
 	tkReap     byte = 0x04 // | id: a deleted volume whose map and deltas are still to be released
 	tkHigh     byte = 0x05 // clusters in use in the data files, the header cluster included (8 bytes)
 	tkOpen     byte = 0x06 // present while a store is open: its absence at open means the last close was clean
+	tkSnap     byte = 0x07 // | id | epoch: a snapshot of volume id (JSON thinSnap)
 	tkMap      byte = 0x10 // | id | cluster: head map entry (8 bytes)
 	tkDelta    byte = 0x11 // | id | epoch (4) | cluster: snapshot delta entry (8 bytes)
 	tkRef      byte = 0x12 // | physical cluster: reference count when above 1 (4 bytes)
@@ -37,6 +38,10 @@ func idKey(prefix byte, id uint32) []byte {
 
 func mapKey(id uint32, c uint64) []byte {
 	return binary.BigEndian.AppendUint64(idKey(tkMap, id), c)
+}
+
+func snapKey(id, epoch uint32) []byte {
+	return binary.BigEndian.AppendUint32(idKey(tkSnap, id), epoch)
 }
 
 // deltaPrefix is the prefix of snapshot epoch's delta of volume id.

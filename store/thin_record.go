@@ -2,10 +2,10 @@ package store
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -27,8 +27,15 @@ type thinRecord struct {
 	// Epoch is the volume's current epoch: entries made now are born in
 	// it. A snapshot takes the current epoch and the volume moves to the
 	// next.
-	Epoch     uint32     `json:"epoch"`
-	Snapshots []thinSnap `json:"snapshots,omitempty"` // by epoch
+	Epoch uint32 `json:"epoch"`
+	// Snapshots, by epoch. Each is stored under a key of its own (snapKey),
+	// so that taking or deleting one writes that key and the record, not
+	// all the others; records of version 1 (format 1) held them here.
+	Snapshots []thinSnap `json:"snapshots,omitempty"`
+	// SnapTag changes, to a random value, with every change putRecord
+	// makes to the snapshot keys: a record's stored bytes then tell its
+	// snapshots too, which the record cache relies on.
+	SnapTag uint64 `json:"snaptag,omitempty"`
 	// Rollback is a rollback under way (finished at open after a crash).
 	Rollback *thinRollback `json:"rollback,omitempty"`
 }
@@ -54,17 +61,28 @@ type thinRollback struct {
 	Next  uint64 `json:"next"`  // the first cluster not done yet
 }
 
-const thinRecordVersion = 1
+// thinRecordVersion is the version of the records written; version 1
+// (format 1) held the snapshots in the record, and is read to migrate it.
+const (
+	thinRecordVersion   = 2
+	thinRecordVersionV1 = 1
+)
 
+// encodeThinRecord encodes the record without its snapshots (see
+// putRecord).
 func encodeThinRecord(r *thinRecord) ([]byte, error) {
 	r.Version = thinRecordVersion
-	b, err := json.Marshal(r)
+	head := *r
+	head.Snapshots = nil
+	b, err := json.Marshal(&head)
 	if err != nil {
 		return nil, fmt.Errorf("encode volume record: %w", err)
 	}
 	return b, nil
 }
 
+// decodeThinRecord decodes a record as stored: of version 2 without its
+// snapshots (see loadSnaps), of version 1 with them.
 func decodeThinRecord(name string, b []byte) (*thinRecord, error) {
 	var r thinRecord
 	if err := json.Unmarshal(b, &r); err != nil {
@@ -73,13 +91,45 @@ func decodeThinRecord(name string, b []byte) (*thinRecord, error) {
 	if err := r.check(name); err != nil {
 		return nil, err
 	}
+	if r.Version == thinRecordVersion && r.Snapshots != nil {
+		return nil, fmt.Errorf("volume record %q: snapshots inside a version %d record: %w", name, r.Version, ErrCorrupt)
+	}
 	return &r, nil
+}
+
+// encodeSnap and decodeSnap: a snapshot as stored under snapKey (JSON).
+func encodeSnap(s *thinSnap) ([]byte, error) {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return nil, fmt.Errorf("encode snapshot %q: %w", s.Name, err)
+	}
+	return b, nil
+}
+
+func decodeSnap(vol string, epoch uint32, b []byte) (thinSnap, error) {
+	var s thinSnap
+	if err := json.Unmarshal(b, &s); err != nil {
+		return s, fmt.Errorf("volume %q snapshot of epoch %d: %w: %w", vol, epoch, err, ErrCorrupt)
+	}
+	if s.Epoch != epoch || s.Name == "" {
+		return s, fmt.Errorf("volume %q: snapshot %q of epoch %d stored as epoch %d: %w", vol, s.Name, s.Epoch, epoch, ErrCorrupt)
+	}
+	return s, nil
+}
+
+// newSnapTag draws a record's SnapTag (never 0, which a record without
+// snapshot keys has).
+func newSnapTag() uint64 { return rand.Uint64() | 1 }
+
+// sameSnap reports whether two snapshots are stored the same.
+func sameSnap(a, b *thinSnap) bool {
+	return a.Name == b.Name && a.Epoch == b.Epoch && a.Created.Equal(b.Created) && a.Size == b.Size && a.Deleting == b.Deleting
 }
 
 // check reports a record that cannot be the volume name's.
 func (r *thinRecord) check(name string) error {
 	switch {
-	case r.Version != thinRecordVersion:
+	case r.Version != thinRecordVersion && r.Version != thinRecordVersionV1:
 		return fmt.Errorf("volume record %q: version %d, want %d: %w", name, r.Version, thinRecordVersion, ErrCorrupt)
 	case r.Name != name:
 		return fmt.Errorf("volume record %q names %q: %w", name, r.Name, ErrCorrupt)
@@ -140,18 +190,19 @@ func (r *thinRecord) clone() *thinRecord {
 	return &c
 }
 
-// recordCache keeps the decoded form of the volume records too large to
-// decode cheaply, with the stored bytes they were decoded from. A record
-// lists its volume's snapshots, so it grows by about 100 bytes with each:
-// with 5,000 of them, decoding it took two thirds of a snapshot's
-// creation (two decodes of 500 KB of JSON, 9 ms of the 17 ms it took on
-// one host). A lookup compares the stored bytes with the cached ones, so
-// a hit returns exactly what decoding would; whatever changed the record,
-// committed or not, a changed value is a miss.
+// recordCache keeps the decoded volume records, each with the stored
+// bytes of its record (without the snapshots, see putRecord). A lookup
+// compares the stored bytes with the cached ones, so a hit returns exactly
+// what decoding and loading the snapshots would: the bytes hold SnapTag,
+// which every change to the snapshot keys draws anew, so the same bytes
+// mean the same snapshots too, whatever wrote them and whether or not its
+// transaction committed. With 5,000 snapshots, decoding the record of
+// format 1 took two thirds of a snapshot's creation; loading 5,000
+// snapshot keys takes longer still.
 type recordCache struct {
 	mu  sync.Mutex
 	m   map[string]cachedRecord
-	min int // the smallest record cached; 0: recordCacheMin (tests lower it)
+	off bool // tests: every lookup decodes
 }
 
 type cachedRecord struct {
@@ -159,34 +210,24 @@ type cachedRecord struct {
 	rec *thinRecord
 }
 
-// recordCacheMin is the size from which a record is cached; decoding a
-// smaller one costs a few microseconds.
-const recordCacheMin = 4 << 10
-
-// get returns a copy of the record stored as raw under name, or nil.
-func (c *recordCache) get(name string, raw []byte) *thinRecord {
+// get returns the record stored as raw under name, or nil: a copy, or
+// without own the cached record itself, which the caller must not change.
+func (c *recordCache) get(name string, raw []byte, own bool) *thinRecord {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.holds(raw) {
-		return nil
-	}
 	e, ok := c.m[name]
 	if !ok || !bytes.Equal(e.raw, raw) {
 		return nil
 	}
+	if !own {
+		return e.rec
+	}
 	return e.rec.clone()
 }
 
-// put records that raw decodes to rec (which the caller keeps: the cache
-// holds copies of both).
+// put records that raw and the snapshot keys of rec.SnapTag make rec
+// (which the caller keeps: the cache holds copies of both).
 func (c *recordCache) put(name string, raw []byte, rec *thinRecord) {
-	c.mu.Lock()
-	small := !c.holds(raw)
-	c.mu.Unlock()
-	if small {
-		c.drop(name)
-		return
-	}
 	e := cachedRecord{raw: bytes.Clone(raw), rec: rec.clone()}
 	// As decoding makes them: empty is nil (both are omitted when empty).
 	if len(e.rec.Meta) == 0 {
@@ -197,15 +238,13 @@ func (c *recordCache) put(name string, raw []byte, rec *thinRecord) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.off {
+		return
+	}
 	if c.m == nil {
 		c.m = make(map[string]cachedRecord)
 	}
 	c.m[name] = e
-}
-
-// holds reports whether a record stored as raw is cached (c.mu held).
-func (c *recordCache) holds(raw []byte) bool {
-	return len(raw) >= cmp.Or(c.min, recordCacheMin)
 }
 
 func (c *recordCache) drop(name string) {

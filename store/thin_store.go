@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,8 +38,11 @@ type thinFormat struct {
 }
 
 const (
-	thinFormatName    = "rnic-store thin"
-	thinFormatVersion = 1
+	thinFormatName = "rnic-store thin"
+	// thinFormatVersion 2 keeps each snapshot under a key of its own; a
+	// store of format 1 (snapshots inside the volume records) is migrated
+	// when opened (migrateFormat1).
+	thinFormatVersion = 2
 	dataHeaderMagic   = "RNICTHIN"
 )
 
@@ -179,6 +184,11 @@ func (b *thinBackend) start() error {
 	if err != nil {
 		return err
 	}
+	if f.Version == 1 {
+		if err := b.migrateFormat1(f); err != nil {
+			return err
+		}
+	}
 	b.cs = f.ClusterSize
 	b.cb = uint64(b.cs / BlockSize)
 	b.pool = newDataPool(filepath.Join(b.dir, thinDataDir), b.cs,
@@ -294,7 +304,7 @@ func (b *thinBackend) checkFormat() (thinFormat, error) {
 			if err := json.Unmarshal(v, &f); err != nil || f.Format != thinFormatName {
 				return fmt.Errorf("format record %q: %w", v, ErrCorrupt)
 			}
-			if f.Version != thinFormatVersion {
+			if f.Version != thinFormatVersion && f.Version != 1 {
 				return fmt.Errorf("format version %d, this rtarget reads %d: %w", f.Version, thinFormatVersion, ErrCorrupt)
 			}
 			if f.ClusterSize < minClusterSize || f.ClusterSize > maxClusterSize || f.ClusterSize&(f.ClusterSize-1) != 0 {
@@ -374,6 +384,105 @@ func (b *thinBackend) txnLimits() {
 	b.txnOps = int(max(64, n/2))
 	b.batchCap = b.txnOps
 	b.commitChunk = commitChunk
+}
+
+// migrateFormat1 moves the snapshots of format 1's volume records to keys
+// of their own, a volume at a time, then records format 2. Each volume's
+// snapshot keys go in transactions of at most migrateChunk keys, then its
+// record of version 2, which makes them visible, in one more; so a crash
+// in between leaves the volume as it was, and the next open goes on (a
+// record of version 1 does not read snapshot keys, and the last step
+// deletes any it does not list).
+func (b *thinBackend) migrateFormat1(f thinFormat) error {
+	const migrateChunk = 1024
+	var names []string
+	err := b.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{tkVolume}})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			names = append(names, string(it.Item().Key()[1:]))
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("migrate format 1: %w", err)
+	}
+	for _, name := range names {
+		var rec *thinRecord
+		err := b.db.View(func(txn *badger.Txn) error {
+			var err error
+			rec, err = b.getRecord(txn, name)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("migrate format 1: %w", err)
+		}
+		if rec.Version != thinRecordVersionV1 {
+			continue
+		}
+		for chunk := range slices.Chunk(rec.Snapshots, migrateChunk) {
+			err := b.db.Update(func(txn *badger.Txn) error {
+				for i := range chunk {
+					v, err := encodeSnap(&chunk[i])
+					if err != nil {
+						return err
+					}
+					if err := txn.Set(snapKey(rec.ID, chunk[i].Epoch), v); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return fmt.Errorf("migrate format 1: volume %q: %w", name, err)
+			}
+		}
+		err = b.db.Update(func(txn *badger.Txn) error {
+			listed := map[uint32]bool{}
+			for _, s := range rec.Snapshots {
+				listed[s.Epoch] = true
+			}
+			var extra [][]byte
+			prefix := idKey(tkSnap, rec.ID)
+			it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+			for it.Rewind(); it.Valid(); it.Next() {
+				k := it.Item().KeyCopy(nil)
+				if len(k) != len(prefix)+4 || !listed[binary.BigEndian.Uint32(k[len(prefix):])] {
+					extra = append(extra, k)
+				}
+			}
+			it.Close()
+			if err := deleteKeys(txn, extra); err != nil {
+				return err
+			}
+			rec.SnapTag = newSnapTag()
+			v, err := encodeThinRecord(rec)
+			if err != nil {
+				return err
+			}
+			return txn.Set(thinVolumeKey(name), v)
+		})
+		b.recs.drop(name)
+		if err != nil {
+			return fmt.Errorf("migrate format 1: volume %q: %w", name, err)
+		}
+		b.log.Info("migrated to format 2: snapshots under keys of their own", "volume", name, "snapshots", len(rec.Snapshots))
+	}
+	f.Version = thinFormatVersion
+	err = b.db.Update(func(txn *badger.Txn) error {
+		v, err := json.Marshal(f)
+		if err != nil {
+			return err
+		}
+		return txn.Set(thinFormatKey, v)
+	})
+	if err == nil {
+		err = b.syncMeta()
+	}
+	if err != nil {
+		return fmt.Errorf("migrate format 1: %w", err)
+	}
+	return nil
 }
 
 // syncMeta makes the metadata database durable: db.Sync covers the WAL of

@@ -55,9 +55,10 @@ func TestMemoryModel(t *testing.T) {
 
 // TestThinModel runs the model with clusters of 4 blocks, so requests
 // cover whole and partial clusters, and with the default size. With the
-// small clusters every volume record is cached once decoded or written
-// (SetRecordCacheMin), so the model checks the cache's answers; with the
-// default size, only the large records are, as in service.
+// small clusters the volume records are not cached (DisableRecordCache):
+// every lookup decodes its record and loads its snapshots; with the
+// default size they are, as in service, so the model checks the cache's
+// answers.
 func TestThinModel(t *testing.T) {
 	for _, cs := range []int64{16 << 10, store.DefaultClusterSize} {
 		t.Run(strconv.FormatInt(cs>>10, 10)+"K", func(t *testing.T) {
@@ -69,7 +70,7 @@ func TestThinModel(t *testing.T) {
 					t.Fatal(err)
 				}
 				if cs != store.DefaultClusterSize {
-					store.SetRecordCacheMin(s, 1)
+					store.DisableRecordCache(s)
 				}
 				return s
 			}

@@ -41,3 +41,9 @@ func DisableRecordCache(s Store) {
 	clear(c.m)
 	c.mu.Unlock()
 }
+
+// SetViewWindowFrom makes the thin store s resolve a snapshot's view a
+// window of clusters at a time from n snapshots on (n = 1: always).
+func SetViewWindowFrom(s Store, n int) {
+	s.(*volumeStore).be.(*thinBackend).viewFrom.Store(int64(n))
+}

@@ -149,12 +149,7 @@ func (v *thinVol) originEntry(c uint64) (entry, error) {
 	if e := v.originMap.get(c); e != 0 {
 		return e, nil
 	}
-	e, err := v.b.viewEntry(v.origin.ID, v.origin.Epoch, c)
-	if err != nil {
-		return 0, err
-	}
-	v.originMap.set(c, e)
-	return e, nil
+	return v.b.viewEntries(v.origin.ID, v.origin.Epoch, c, v.b.clusters(v.origin.Size), v.originMap.set)
 }
 
 func (d *thinDevice) write(ctx context.Context, lba uint64, src []byte, fua bool) error {

@@ -89,6 +89,10 @@ type thinBackend struct {
 	// commitChunk is at most how many batch ops a commit writes per hold
 	// of metaMu (the constant; tests lower it).
 	commitChunk int
+	// viewFrom is how many snapshots from the one read make a snapshot's
+	// view resolve a window of clusters at a time (viewSeekFrom; tests
+	// lower it).
+	viewFrom atomic.Int64
 
 	recs recordCache // decoded volume records (getRecord)
 
@@ -384,6 +388,7 @@ func (b *thinBackend) txnLimits() {
 	b.txnOps = int(max(64, n/2))
 	b.batchCap = b.txnOps
 	b.commitChunk = commitChunk
+	b.viewFrom.Store(viewSeekFrom)
 }
 
 // migrateFormat1 moves the snapshots of format 1's volume records to keys

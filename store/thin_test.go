@@ -58,7 +58,9 @@ func TestMemoryModel(t *testing.T) {
 // small clusters the volume records are not cached (DisableRecordCache):
 // every lookup decodes its record and loads its snapshots; with the
 // default size they are, as in service, so the model checks the cache's
-// answers.
+// answers. Likewise a snapshot's view is resolved a window at a time with
+// the small clusters whatever the snapshot count (SetViewWindowFrom), and
+// as in service with the default size.
 func TestThinModel(t *testing.T) {
 	for _, cs := range []int64{16 << 10, store.DefaultClusterSize} {
 		t.Run(strconv.FormatInt(cs>>10, 10)+"K", func(t *testing.T) {
@@ -71,6 +73,7 @@ func TestThinModel(t *testing.T) {
 				}
 				if cs != store.DefaultClusterSize {
 					store.DisableRecordCache(s)
+					store.SetViewWindowFrom(s, 1)
 				}
 				return s
 			}

@@ -8,54 +8,207 @@ import (
 	"github.com/dgraph-io/badger/v4"
 )
 
-// viewEntry returns what snapshot epoch of volume id holds at cluster c, as
-// committed: a cluster entry, or a hole (zeros). A snapshot's content is
+// A snapshot's clusters are resolved on first read, one at a time, with a
+// lookup in the delta of each snapshot from that one on, while the volume
+// has fewer than viewSeekFrom of them (the store's viewFrom). From there on
+// a resolution covers the aligned window of viewWindow clusters around the
+// one asked for, with one iterator seek per delta for the whole window and
+// one for the head map: reading a snapshot with thousands of newer ones
+// costs thousands of seeks per window instead of per cluster
+// (BenchmarkSnapshotRead: 1 MiB reads of a snapshot with 2,000 newer ones
+// about 40x faster, 4 KiB random reads of it about 18x). Below the bound the
+// window is not used: random reads spread over a large volume, each in a
+// window of its own, cost 1.3-2x more with it (a lookup and a seek cost
+// about the same, and the window reads 64 entries for the one wanted).
+const (
+	viewSeekFrom = 8
+	viewWindow   = 64
+)
+
+// viewEntries returns what snapshot epoch of volume id holds at cluster c,
+// as committed: a cluster entry, or a hole (zeros). A snapshot's content is
 // its own delta, then the deltas of the newer snapshots, then the head map;
-// what none of them maps is its origin's for a clone, zeros otherwise. See
-// doc.go (Snapshots).
-func (b *thinBackend) viewEntry(id, epoch uint32, c uint64) (entry, error) {
+// what none of them maps is its origin's for a clone, zeros otherwise (see
+// doc.go, Snapshots). limit is the snapshot's size in clusters. When the
+// volume has at least viewFrom snapshots from that one on, it resolves the
+// other clusters of c's window too; it passes every cluster it resolved, c
+// included, to fill.
+func (b *thinBackend) viewEntries(id, epoch uint32, c, limit uint64, fill func(uint64, entry)) (entry, error) {
 	var out entry
 	err := b.db.View(func(txn *badger.Txn) error {
-		var err error
-		out, err = b.viewIn(txn, id, epoch, c)
-		return err
+		rec, err := b.recordByID(txn, id)
+		if err != nil {
+			return err
+		}
+		c0, c1 := c, c+1
+		if int64(newerSnaps(rec, epoch)) >= b.viewFrom.Load() {
+			c0 = c &^ (viewWindow - 1)
+			c1 = min(c0+viewWindow, limit)
+		}
+		res := make([]entry, c1-c0)
+		if err := b.viewRange(txn, rec, epoch, c0, res); err != nil {
+			return err
+		}
+		for i, e := range res {
+			fill(c0+uint64(i), e)
+		}
+		out = res[c-c0]
+		return nil
 	})
 	return out, err
 }
 
-func (b *thinBackend) viewIn(txn *badger.Txn, id, epoch uint32, c uint64) (entry, error) {
-	for depth := 0; ; depth++ {
+// newerSnaps counts rec's snapshots from epoch on: the deltas a
+// resolution of snapshot epoch may look into.
+func newerSnaps(rec *thinRecord, epoch uint32) int {
+	n := 0
+	for _, s := range rec.Snapshots {
+		if s.Epoch >= epoch {
+			n++
+		}
+	}
+	return n
+}
+
+// viewRange resolves clusters c0 .. c0+len(res)-1 of snapshot epoch of the
+// volume of rec into res: for each, the first of the deltas from epoch on
+// to hold the cluster, else the head map, else the origin's view, level by
+// level down the clone chain.
+func (b *thinBackend) viewRange(txn *badger.Txn, rec *thinRecord, epoch uint32, c0 uint64, res []entry) error {
+	raw := make([]entry, len(res))
+	found := make([]bool, len(res))
+	left := len(res)
+	for depth := 0; left > 0; depth++ {
 		if depth > 1<<16 {
-			return 0, fmt.Errorf("clone chain of volume %d loops: %w", id, ErrCorrupt)
+			return fmt.Errorf("clone chain of volume %d loops: %w", rec.ID, ErrCorrupt)
 		}
-		rec, err := b.recordByID(txn, id)
-		if err != nil {
-			return 0, err
+		clear(raw)
+		clear(found)
+		if err := b.deltaRange(txn, rec, epoch, c0, res, raw, found); err != nil {
+			return err
 		}
-		e, found := entry(0), false
-		for _, s := range rec.Snapshots {
-			if s.Epoch < epoch {
+		if err := b.mapRange(txn, rec.ID, c0, res, raw, found); err != nil {
+			return err
+		}
+		for i, e := range raw {
+			switch {
+			case res[i] != 0:
+			case e.phys() != 0:
+				res[i], left = mkEntry(e.phys(), 0), left-1
+			case e.hole() || rec.Origin == nil || c0+uint64(i) >= b.clusters(rec.Origin.Size):
+				res[i], left = holeEntry(0), left-1
+			}
+		}
+		if left == 0 {
+			return nil
+		}
+		epoch = rec.Origin.Epoch
+		var err error
+		if rec, err = b.recordByID(txn, rec.Origin.ID); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mapRange reads the head map entries of volume id for the clusters c0+i
+// that res leaves unresolved and no delta holds (found) into raw: with a
+// lookup for one cluster, with one seek for more.
+func (b *thinBackend) mapRange(txn *badger.Txn, id uint32, c0 uint64, res, raw []entry, found []bool) error {
+	if len(res) == 1 {
+		if res[0] == 0 && !found[0] {
+			e, _, err := getEntry(txn, mapKey(id, c0))
+			raw[0] = e
+			return err
+		}
+		return nil
+	}
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: idKey(tkMap, id)})
+	defer it.Close()
+	_, err := scanRange(it, mapKey(id, c0), c0, res, raw, found)
+	return err
+}
+
+// scanRange reads, with one seek of it to from (the key of cluster c0 in a
+// map or a delta), the entries of that map or delta for the clusters c0+i
+// that res leaves unresolved and found unfound: into raw[i], with found[i]
+// set. It returns how many it read.
+func scanRange(it *badger.Iterator, from []byte, c0 uint64, res, raw []entry, found []bool) (int, error) {
+	n, c1, prefix := 0, c0+uint64(len(res)), from[:len(from)-8]
+	for it.Seek(from); it.ValidForPrefix(prefix); it.Next() {
+		item := it.Item()
+		c := keyCluster(item.Key())
+		if c >= c1 {
+			break
+		}
+		i := c - c0
+		if res[i] != 0 || found[i] {
+			continue
+		}
+		if err := item.Value(func(v []byte) error {
+			e, err := getU64("cluster entry", v)
+			raw[i] = entry(e)
+			return err
+		}); err != nil {
+			return n, err
+		}
+		found[i] = true
+		n++
+	}
+	return n, nil
+}
+
+// deltaRange looks up, for each cluster c0+i that res leaves unresolved,
+// the first delta from snapshot epoch on of the volume of rec that holds
+// it: into raw[i], with found[i] set. With fewer than viewSeekFrom such
+// deltas, or for one cluster, it looks each cluster up in each (a lookup
+// that finds nothing is cheap: badger's bloom filters); with more, it
+// seeks once per delta to the window's first cluster and reads the entries
+// up to its end.
+func (b *thinBackend) deltaRange(txn *badger.Txn, rec *thinRecord, epoch uint32, c0 uint64, res, raw []entry, found []bool) error {
+	if len(res) == 1 || int64(newerSnaps(rec, epoch)) < b.viewFrom.Load() {
+		for i := range res {
+			if res[i] != 0 {
 				continue
 			}
-			if e, found, err = getEntry(txn, deltaKey(id, s.Epoch, c)); err != nil {
-				return 0, err
-			} else if found {
-				break
+			for _, s := range rec.Snapshots {
+				if s.Epoch < epoch {
+					continue
+				}
+				e, ok, err := getEntry(txn, deltaKey(rec.ID, s.Epoch, c0+uint64(i)))
+				if err != nil {
+					return err
+				}
+				if ok {
+					raw[i], found[i] = e, true
+					break
+				}
 			}
 		}
-		if !found {
-			if e, _, err = getEntry(txn, mapKey(id, c)); err != nil {
-				return 0, err
-			}
-		}
-		switch {
-		case e.phys() != 0:
-			return mkEntry(e.phys(), 0), nil
-		case e.hole() || rec.Origin == nil || c >= b.clusters(rec.Origin.Size):
-			return holeEntry(0), nil
-		}
-		id, epoch = rec.Origin.ID, rec.Origin.Epoch
+		return nil
 	}
+	unfound := 0
+	for _, e := range res {
+		if e == 0 {
+			unfound++
+		}
+	}
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: idKey(tkDelta, rec.ID)})
+	defer it.Close()
+	for _, s := range rec.Snapshots {
+		if unfound == 0 {
+			break
+		}
+		if s.Epoch < epoch {
+			continue
+		}
+		n, err := scanRange(it, deltaKey(rec.ID, s.Epoch, c0), c0, res, raw, found)
+		if err != nil {
+			return err
+		}
+		unfound -= n
+	}
+	return nil
 }
 
 // getEntry reads a map or delta entry.
@@ -94,11 +247,7 @@ func (d *snapDevice) entry(c uint64) (entry, error) {
 	if e := d.cache.get(c); e != 0 {
 		return e, nil
 	}
-	e, err := d.b.viewEntry(d.id, d.epoch, c)
-	if err == nil {
-		d.cache.set(c, e)
-	}
-	return e, err
+	return d.b.viewEntries(d.id, d.epoch, c, d.b.clusters(int64(d.n)*BlockSize), d.cache.set)
 }
 
 func (d *snapDevice) read(_ context.Context, lba uint64, dst []byte) error {

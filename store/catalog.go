@@ -411,9 +411,16 @@ func (s *volumeStore) Clone(ctx context.Context, vol, snap, newName string, opts
 
 func (s *volumeStore) Rollback(ctx context.Context, vol, snap string) error {
 	headOpen := func(handles, _ int) bool { return handles > 0 }
+	found := false
 	err := s.exclusive(ctx, vol, "rollback", headOpen, func(info VolumeInfo) error {
+		found = true
 		return s.be.rollback(ctx, info, snap)
 	})
+	if !found && errors.Is(err, ErrNotFound) {
+		// Say which was missing, the volume or (from the backend) the
+		// snapshot.
+		err = fmt.Errorf("volume %q: %w", vol, err)
+	}
 	if err != nil {
 		return fmt.Errorf("store: rollback %s to @%s: %w", vol, snap, err)
 	}

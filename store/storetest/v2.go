@@ -2,8 +2,10 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/rnic-dev/rnic/store"
@@ -491,6 +493,13 @@ func testRollback(t *testing.T, s *suite) {
 	wantErr(t, "rollback while open", s.st.Rollback(ctx, "r", "s1"), store.ErrBusy)
 	v.Close()
 	wantErr(t, "rollback to a missing snapshot", s.st.Rollback(ctx, "r", "nope"), store.ErrNotFound)
+	// The errors say which was missing.
+	if err := s.st.Rollback(ctx, "nope", "s1"); !errors.Is(err, store.ErrNotFound) || !strings.Contains(err.Error(), `volume "nope"`) {
+		t.Errorf("rollback of a missing volume: %v, want ErrNotFound naming the volume", err)
+	}
+	if err := s.st.Rollback(ctx, "r", "nope"); !strings.Contains(err.Error(), "nope") {
+		t.Errorf("rollback to a missing snapshot: %v, want it named", err)
+	}
 
 	if err := s.st.Rollback(ctx, "r", "s1"); err != nil {
 		t.Fatal(err)

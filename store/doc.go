@@ -207,9 +207,10 @@
 // this invariant holds: the latest snapshot's delta has an entry for a
 // cluster exactly when the head's entry there was born after it
 // (thinBackend.check verifies it, with the reference counts and free
-// ranges). Reading a snapshot resolves each cluster once per handle; with
-// 8 or more snapshots from that one on, it resolves 64 clusters at a time,
-// with one seek per delta (BenchmarkSnapshotRead).
+// ranges). Reading a snapshot resolves each cluster once per handle; when
+// a volume of its clone chain has 8 or more snapshots from the one read
+// on, it resolves 64 clusters at a time, with one seek per delta
+// (BenchmarkSnapshotRead).
 //
 // A clone is a new volume whose record names its origin (volume id,
 // snapshot epoch): what its own map lacks, it reads from that snapshot

@@ -9,17 +9,18 @@ import (
 )
 
 // A snapshot's clusters are resolved on first read, one at a time, with a
-// lookup in the delta of each snapshot from that one on, while the volume
-// has fewer than viewSeekFrom of them (the store's viewFrom). From there on
-// a resolution covers the aligned window of viewWindow clusters around the
-// one asked for, with one iterator seek per delta for the whole window and
-// one for the head map: reading a snapshot with thousands of newer ones
-// costs thousands of seeks per window instead of per cluster
-// (BenchmarkSnapshotRead: 1 MiB reads of a snapshot with 2,000 newer ones
-// about 40x faster, 4 KiB random reads of it about 18x). Below the bound the
-// window is not used: random reads spread over a large volume, each in a
-// window of its own, cost 1.3-2x more with it (a lookup and a seek cost
-// about the same, and the window reads 64 entries for the one wanted).
+// lookup in the delta of each snapshot from that one on, while no volume
+// of its clone chain has viewSeekFrom such snapshots (the store's
+// viewFrom). From there on a resolution covers the aligned window of
+// viewWindow clusters around the one asked for, with one iterator seek per
+// delta for the whole window and one for the head map: reading a snapshot
+// with thousands of newer ones costs thousands of seeks per window instead
+// of per cluster (BenchmarkSnapshotRead: 1 MiB reads of a snapshot with
+// 2,000 newer ones about 35x faster, 4 KiB random reads of it about 18x).
+// Below the bound the window is not used: random reads spread over a large
+// volume, each in a window of its own, cost 1.3-2x more with it (a lookup
+// and a seek cost about the same, and the window reads 64 entries for the
+// one wanted).
 const (
 	viewSeekFrom = 8
 	viewWindow   = 64
@@ -29,10 +30,10 @@ const (
 // as committed: a cluster entry, or a hole (zeros). A snapshot's content is
 // its own delta, then the deltas of the newer snapshots, then the head map;
 // what none of them maps is its origin's for a clone, zeros otherwise (see
-// doc.go, Snapshots). limit is the snapshot's size in clusters. When the
-// volume has at least viewFrom snapshots from that one on, it resolves the
-// other clusters of c's window too; it passes every cluster it resolved, c
-// included, to fill.
+// doc.go, Snapshots). limit is the snapshot's size in clusters. When a
+// volume of the clone chain has at least viewFrom snapshots a resolution
+// may look into (manySnaps), it resolves the other clusters of c's window
+// too; it passes every cluster it resolved, c included, to fill.
 func (b *thinBackend) viewEntries(id, epoch uint32, c, limit uint64, fill func(uint64, entry)) (entry, error) {
 	var out entry
 	err := b.db.View(func(txn *badger.Txn) error {
@@ -41,7 +42,9 @@ func (b *thinBackend) viewEntries(id, epoch uint32, c, limit uint64, fill func(u
 			return err
 		}
 		c0, c1 := c, c+1
-		if int64(newerSnaps(rec, epoch)) >= b.viewFrom.Load() {
+		if many, err := b.manySnaps(txn, rec, epoch); err != nil {
+			return err
+		} else if many {
 			c0 = c &^ (viewWindow - 1)
 			c1 = min(c0+viewWindow, limit)
 		}
@@ -56,6 +59,28 @@ func (b *thinBackend) viewEntries(id, epoch uint32, c, limit uint64, fill func(u
 		return nil
 	})
 	return out, err
+}
+
+// manySnaps reports whether a volume of the clone chain from snapshot
+// epoch of the volume of rec has viewFrom or more snapshots a resolution
+// may look into.
+func (b *thinBackend) manySnaps(txn *badger.Txn, rec *thinRecord, epoch uint32) (bool, error) {
+	for depth := 0; ; depth++ {
+		if depth > 1<<16 {
+			return false, fmt.Errorf("clone chain of volume %d loops: %w", rec.ID, ErrCorrupt)
+		}
+		if int64(newerSnaps(rec, epoch)) >= b.viewFrom.Load() {
+			return true, nil
+		}
+		if rec.Origin == nil {
+			return false, nil
+		}
+		epoch = rec.Origin.Epoch
+		var err error
+		if rec, err = b.recordByID(txn, rec.Origin.ID); err != nil {
+			return false, err
+		}
+	}
 }
 
 // newerSnaps counts rec's snapshots from epoch on: the deltas a

@@ -430,14 +430,9 @@ func scanEntries(ctx context.Context, txn *badger.Txn, prefix []byte, fn func(c 
 			}
 		}
 		item := it.Item()
-		var e uint64
-		err := item.Value(func(v []byte) error {
-			var err error
-			e, err = getU64("map entry", v)
-			return err
-		})
+		e, err := itemEntry(item)
 		if err == nil {
-			err = fn(keyCluster(item.Key()), entry(e))
+			err = fn(keyCluster(item.Key()), e)
 		}
 		if err != nil {
 			return err

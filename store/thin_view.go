@@ -170,14 +170,11 @@ func scanRange(it *badger.Iterator, from []byte, c0 uint64, res, raw []entry, fo
 		if res[i] != 0 || found[i] {
 			continue
 		}
-		if err := item.Value(func(v []byte) error {
-			e, err := getU64("cluster entry", v)
-			raw[i] = entry(e)
-			return err
-		}); err != nil {
+		e, err := itemEntry(item)
+		if err != nil {
 			return n, err
 		}
-		found[i] = true
+		raw[i], found[i] = e, true
 		n++
 	}
 	return n, nil
@@ -244,12 +241,19 @@ func getEntry(txn *badger.Txn, key []byte) (entry, bool, error) {
 	} else if err != nil {
 		return 0, false, err
 	}
+	e, err := itemEntry(item)
+	return e, true, err
+}
+
+// itemEntry decodes the map or delta entry item holds.
+func itemEntry(item *badger.Item) (entry, error) {
 	var e uint64
-	err = item.Value(func(v []byte) error {
+	err := item.Value(func(v []byte) error {
+		var err error
 		e, err = getU64("map entry", v)
 		return err
 	})
-	return entry(e), true, err
+	return entry(e), err
 }
 
 // snapDevice is a read-only handle on a snapshot. What it resolves is

@@ -51,17 +51,11 @@ func (b *thinBackend) loadVol(rec *thinRecord) (*thinVol, error) {
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
 			item := it.Item()
-			c := keyCluster(item.Key())
-			var e uint64
-			err := item.Value(func(val []byte) error {
-				var err error
-				e, err = getU64("map entry", val)
-				return err
-			})
+			e, err := itemEntry(item)
 			if err != nil {
 				return err
 			}
-			v.m.set(c, entry(e))
+			v.m.set(keyCluster(item.Key()), e)
 		}
 		return nil
 	})

@@ -260,7 +260,10 @@
 //
 // Data files are never mapped: the page cache holds their pages outside
 // the process. The process holds the maps of open volumes (8 bytes per
-// mapped cluster, in pages of 512 entries), the batch (at most 64K
+// mapped cluster, in pages of 512 entries under directories of 512 pages,
+// made on first use: nothing in proportion to a volume's size but 8 bytes
+// per directory below the highest written; a thin volume has at most 2^40
+// clusters, 64 PiB with 64 KiB clusters), the batch (at most 64K
 // changes of 56 bytes), a clone's cache of its origin, and badger (8 MiB
 // memtables, 1 MiB tables, no block cache).
 //

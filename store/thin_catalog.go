@@ -246,6 +246,21 @@ func newID(txn *badger.Txn) (uint32, error) {
 	return last + 1, txn.Set(thinLastIDKey, binary.BigEndian.AppendUint32(nil, last+1))
 }
 
+// maxThinClusters bounds the size of a thin volume: no more clusters than
+// the store can address (entryPhysBits), 64 PiB with 64 KiB clusters. It
+// keeps the in-memory map's directory slice (clusterMap) at most 32 MiB,
+// reached only by a write near the end of a volume that large.
+const maxThinClusters = 1 << entryPhysBits
+
+// checkThinSize refuses a thin volume size past maxThinClusters clusters.
+func (b *thinBackend) checkThinSize(size int64) error {
+	if maxSize := int64(maxThinClusters) * b.cs; size > maxSize {
+		return fmt.Errorf("size %d is more than a thin volume can have with %d KiB clusters (%d PiB): %w",
+			size, b.cs>>10, maxSize>>50, ErrInvalid)
+	}
+	return nil
+}
+
 func (b *thinBackend) createVolume(_ context.Context, info VolumeInfo, opts CreateOptions) (VolumeInfo, error) {
 	rec := &thinRecord{Name: info.Name, Kind: KindThin, Size: info.Size, Created: info.Created, Meta: info.Meta, Epoch: 1}
 	if opts.Raw != "" {
@@ -257,6 +272,8 @@ func (b *thinBackend) createVolume(_ context.Context, info VolumeInfo, opts Crea
 			return VolumeInfo{}, fmt.Errorf("raw %s has %d bytes, not %d: %w", opts.Raw, size, info.Size, ErrInvalid)
 		}
 		rec.Kind, rec.RawPath, rec.Size = KindRaw, opts.Raw, size
+	} else if err := b.checkThinSize(info.Size); err != nil {
+		return VolumeInfo{}, err
 	}
 	b.catalogMu.Lock()
 	defer b.catalogMu.Unlock()
@@ -628,6 +645,9 @@ func (b *thinBackend) resizeVolume(ctx context.Context, info VolumeInfo, size in
 	if rec.Kind == KindRaw {
 		return fmt.Errorf("a raw volume has its file's size: %w", ErrNotSupported)
 	}
+	if err := b.checkThinSize(size); err != nil {
+		return err
+	}
 	if size < rec.Size {
 		// The blocks past the new end go first, through the data path (it
 		// knows shared clusters and partial ones).
@@ -656,7 +676,6 @@ func (b *thinBackend) resizeVolume(ctx context.Context, info VolumeInfo, size in
 		return err
 	}
 	if v := b.vols[rec.ID]; v != nil {
-		v.m.grow(b.clusters(size))
 		v.size.Store(uint64(size) / BlockSize)
 	}
 	return nil

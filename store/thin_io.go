@@ -124,7 +124,7 @@ func (v *thinVol) readLocked(lba uint64, dst []byte) error {
 		} else if e.hole() || v.origin == nil {
 			clear(dst[:n])
 		} else {
-			q, err := v.originEntry(c)
+			q, err := v.originEntry(c, false)
 			if err != nil {
 				return err
 			}
@@ -141,15 +141,16 @@ func (v *thinVol) readLocked(lba uint64, dst []byte) error {
 }
 
 // originEntry returns what a clone's origin snapshot holds at cluster c: a
-// cluster, or a hole.
-func (v *thinVol) originEntry(c uint64) (entry, error) {
+// cluster, or a hole; with wide it resolves the rest of c's window too
+// (see viewEntries).
+func (v *thinVol) originEntry(c uint64, wide bool) (entry, error) {
 	if c >= v.b.clusters(v.origin.Size) {
 		return holeEntry(0), nil
 	}
 	if e := v.originMap.get(c); e != 0 {
 		return e, nil
 	}
-	return v.b.viewEntries(v.origin.ID, v.origin.Epoch, c, v.b.clusters(v.origin.Size), v.originMap.set)
+	return v.b.viewEntries(v.origin.ID, v.origin.Epoch, c, v.b.clusters(v.origin.Size), wide, v.originMap.set)
 }
 
 func (d *thinDevice) write(ctx context.Context, lba uint64, src []byte, fua bool) error {
@@ -262,7 +263,7 @@ func (v *thinVol) cow(c uint64, e entry, off int64, data []byte, n int) error {
 		if p := e.phys(); p != 0 {
 			base = p
 		} else if !e.hole() && v.origin != nil {
-			q, err := v.originEntry(c)
+			q, err := v.originEntry(c, false)
 			if err != nil {
 				return err
 			}
@@ -373,7 +374,7 @@ func (d *thinDevice) blockStatus(ctx context.Context, lba, count uint64, fn func
 		e := v.m.get(c)
 		data := e.phys() != 0
 		if !data && !e.hole() && v.origin != nil {
-			q, err := v.originEntry(c)
+			q, err := v.originEntry(c, true)
 			if err != nil {
 				return err
 			}

@@ -47,87 +47,119 @@ func (e entry) withBirth(b uint32) entry {
 	return e&^(entryBirthMask<<entryPhysBits) | entry(b&entryBirthMask)<<entryPhysBits
 }
 
-// mapPageLen is the number of entries of one page of a clusterMap.
-const mapPageLen = 512
+// A clusterMap is a two-level radix tree: directories of mapDirLen pages
+// of mapPageLen entries, both made on first use, under a slice of
+// directories grown to the highest one used. Its memory follows the
+// clusters mapped: an empty volume of any size costs nothing, and each
+// directory used costs 8 bytes in the slice, 4 KiB for the directory and
+// 4 KiB per page (with 64 KiB clusters a page maps 32 MiB of a volume and
+// a directory 16 GiB).
+const (
+	mapPageLen = 512
+	mapDirLen  = 512
+	mapDirSpan = mapPageLen * mapDirLen // clusters under one directory
+)
 
 type mapPage [mapPageLen]atomic.Uint64
 
-// clusterMap is the in-memory map of a volume, logical cluster to entry:
-// pages of mapPageLen entries made on first use, so memory follows the
-// clusters mapped, not the volume's size. Readers load entries
-// atomically without a lock; writers of one cluster are serialized by the
-// caller (the cluster locks).
+type mapDir [mapDirLen]atomic.Pointer[mapPage]
+
+// clusterMap is the in-memory map of a volume, logical cluster to entry.
+// Readers load entries atomically without a lock; writers of one cluster
+// are serialized by the caller (the cluster locks), and growMu serializes
+// the making of directories and pages.
 type clusterMap struct {
 	growMu sync.Mutex
-	pages  atomic.Pointer[[]atomic.Pointer[mapPage]]
+	dirs   atomic.Pointer[[]atomic.Pointer[mapDir]]
 }
 
-func newClusterMap(clusters uint64) *clusterMap {
+func newClusterMap() *clusterMap {
 	m := &clusterMap{}
-	pages := make([]atomic.Pointer[mapPage], (clusters+mapPageLen-1)/mapPageLen)
-	m.pages.Store(&pages)
+	m.dirs.Store(new([]atomic.Pointer[mapDir]))
 	return m
 }
 
+// page returns the page of cluster c, nil when it was never made.
+func (m *clusterMap) page(c uint64) *mapPage {
+	dirs := *m.dirs.Load()
+	i := c / mapDirSpan
+	if i >= uint64(len(dirs)) {
+		return nil
+	}
+	d := dirs[i].Load()
+	if d == nil {
+		return nil
+	}
+	return d[c/mapPageLen%mapDirLen].Load()
+}
+
 func (m *clusterMap) get(c uint64) entry {
-	pages := *m.pages.Load()
-	if i := c / mapPageLen; i < uint64(len(pages)) {
-		if p := pages[i].Load(); p != nil {
-			return entry(p[c%mapPageLen].Load())
-		}
+	if p := m.page(c); p != nil {
+		return entry(p[c%mapPageLen].Load())
 	}
 	return 0
 }
 
 func (m *clusterMap) set(c uint64, e entry) {
-	pages := *m.pages.Load()
-	i := c / mapPageLen
-	if i >= uint64(len(pages)) {
-		m.grow(c + 1)
-		pages = *m.pages.Load()
-	}
-	p := pages[i].Load()
+	p := m.page(c)
 	if p == nil {
 		if e == 0 {
 			return
 		}
-		m.growMu.Lock()
-		if p = pages[i].Load(); p == nil {
-			p = new(mapPage)
-			pages[i].Store(p)
-		}
-		m.growMu.Unlock()
+		p = m.makePage(c)
 	}
 	p[c%mapPageLen].Store(uint64(e))
 }
 
-// grow makes room for clusters clusters (a volume grown while open).
-func (m *clusterMap) grow(clusters uint64) {
+// makePage returns the page of cluster c, making it (and its directory,
+// and room for that in the slice) if need be.
+func (m *clusterMap) makePage(c uint64) *mapPage {
 	m.growMu.Lock()
 	defer m.growMu.Unlock()
-	old := *m.pages.Load()
-	n := (clusters + mapPageLen - 1) / mapPageLen
-	if n <= uint64(len(old)) {
-		return
+	dirs := *m.dirs.Load()
+	i := c / mapDirSpan
+	if i >= uint64(len(dirs)) {
+		// Doubling keeps a volume written from start to end from
+		// copying the slice at every directory.
+		grown := make([]atomic.Pointer[mapDir], max(i+1, 2*uint64(len(dirs))))
+		for j := range dirs {
+			grown[j].Store(dirs[j].Load())
+		}
+		m.dirs.Store(&grown)
+		dirs = grown
 	}
-	pages := make([]atomic.Pointer[mapPage], n)
-	for i := range old {
-		pages[i].Store(old[i].Load())
+	d := dirs[i].Load()
+	if d == nil {
+		d = new(mapDir)
+		dirs[i].Store(d)
 	}
-	m.pages.Store(&pages)
+	j := c / mapPageLen % mapDirLen
+	p := d[j].Load()
+	if p == nil {
+		p = new(mapPage)
+		d[j].Store(p)
+	}
+	return p
 }
 
 // each calls fn for every non-zero entry in cluster order.
 func (m *clusterMap) each(fn func(c uint64, e entry)) {
-	pages := *m.pages.Load()
-	for i := range pages {
-		p := pages[i].Load()
-		if p == nil {
+	dirs := *m.dirs.Load()
+	for i := range dirs {
+		d := dirs[i].Load()
+		if d == nil {
 			continue
 		}
-		for j := range p {
-			if e := entry(p[j].Load()); e != 0 {
-				fn(uint64(i)*mapPageLen+uint64(j), e)
+		for j := range d {
+			p := d[j].Load()
+			if p == nil {
+				continue
+			}
+			base := uint64(i)*mapDirSpan + uint64(j)*mapPageLen
+			for k := range p {
+				if e := entry(p[k].Load()); e != 0 {
+					fn(base+uint64(k), e)
+				}
 			}
 		}
 	}
@@ -136,16 +168,21 @@ func (m *clusterMap) each(fn func(c uint64, e entry)) {
 // nextMapped returns the first cluster at or after c whose page exists (a
 // skip over unmapped space for scans), or end.
 func (m *clusterMap) nextMapped(c, end uint64) uint64 {
-	pages := *m.pages.Load()
+	dirs := *m.dirs.Load()
 	for c < end {
-		i := c / mapPageLen
-		if i >= uint64(len(pages)) {
+		i := c / mapDirSpan
+		if i >= uint64(len(dirs)) {
 			return end
 		}
-		if pages[i].Load() != nil {
+		d := dirs[i].Load()
+		if d == nil {
+			c = (i + 1) * mapDirSpan
+			continue
+		}
+		if d[c/mapPageLen%mapDirLen].Load() != nil {
 			return c
 		}
-		c = (i + 1) * mapPageLen
+		c = (c/mapPageLen + 1) * mapPageLen
 	}
 	return end
 }

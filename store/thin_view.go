@@ -32,9 +32,10 @@ const (
 // what none of them maps is its origin's for a clone, zeros otherwise (see
 // doc.go, Snapshots). limit is the snapshot's size in clusters. When a
 // volume of the clone chain has at least viewFrom snapshots a resolution
-// may look into (manySnaps), it resolves the other clusters of c's window
-// too; it passes every cluster it resolved, c included, to fill.
-func (b *thinBackend) viewEntries(id, epoch uint32, c, limit uint64, fill func(uint64, entry)) (entry, error) {
+// may look into (manySnaps), or when wide (the caller will ask for the
+// clusters that follow: a block status), it resolves the other clusters of
+// c's window too; it passes every cluster it resolved, c included, to fill.
+func (b *thinBackend) viewEntries(id, epoch uint32, c, limit uint64, wide bool, fill func(uint64, entry)) (entry, error) {
 	var out entry
 	err := b.db.View(func(txn *badger.Txn) error {
 		rec, err := b.recordByID(txn, id)
@@ -42,14 +43,18 @@ func (b *thinBackend) viewEntries(id, epoch uint32, c, limit uint64, fill func(u
 			return err
 		}
 		c0, c1 := c, c+1
-		if many, err := b.manySnaps(txn, rec, epoch); err != nil {
-			return err
-		} else if many {
+		many := wide
+		if !many {
+			if many, err = b.manySnaps(txn, rec, epoch); err != nil {
+				return err
+			}
+		}
+		if many {
 			c0 = c &^ (viewWindow - 1)
 			c1 = min(c0+viewWindow, limit)
 		}
 		res := make([]entry, c1-c0)
-		if err := b.viewRange(txn, rec, epoch, c0, res); err != nil {
+		if err := b.viewRange(txn, rec, epoch, c0, res, wide); err != nil {
 			return err
 		}
 		for i, e := range res {
@@ -98,8 +103,8 @@ func newerSnaps(rec *thinRecord, epoch uint32) int {
 // viewRange resolves clusters c0 .. c0+len(res)-1 of snapshot epoch of the
 // volume of rec into res: for each, the first of the deltas from epoch on
 // to hold the cluster, else the head map, else the origin's view, level by
-// level down the clone chain.
-func (b *thinBackend) viewRange(txn *badger.Txn, rec *thinRecord, epoch uint32, c0 uint64, res []entry) error {
+// level down the clone chain. wide: see deltaRange.
+func (b *thinBackend) viewRange(txn *badger.Txn, rec *thinRecord, epoch uint32, c0 uint64, res []entry, wide bool) error {
 	raw := make([]entry, len(res))
 	found := make([]bool, len(res))
 	left := len(res)
@@ -109,7 +114,7 @@ func (b *thinBackend) viewRange(txn *badger.Txn, rec *thinRecord, epoch uint32, 
 		}
 		clear(raw)
 		clear(found)
-		if err := b.deltaRange(txn, rec, epoch, c0, res, raw, found); err != nil {
+		if err := b.deltaRange(txn, rec, epoch, c0, res, raw, found, wide); err != nil {
 			return err
 		}
 		if err := b.mapRange(txn, rec.ID, c0, res, raw, found); err != nil {
@@ -184,11 +189,12 @@ func scanRange(it *badger.Iterator, from []byte, c0 uint64, res, raw []entry, fo
 // the first delta from snapshot epoch on of the volume of rec that holds
 // it: into raw[i], with found[i] set. With fewer than viewSeekFrom such
 // deltas, or for one cluster, it looks each cluster up in each (a lookup
-// that finds nothing is cheap: badger's bloom filters); with more, it
-// seeks once per delta to the window's first cluster and reads the entries
-// up to its end.
-func (b *thinBackend) deltaRange(txn *badger.Txn, rec *thinRecord, epoch uint32, c0 uint64, res, raw []entry, found []bool) error {
-	if len(res) == 1 || int64(newerSnaps(rec, epoch)) < b.viewFrom.Load() {
+// that finds nothing is cheap: badger's bloom filters); with more, or when
+// wide (a block status, which reads every cluster of the window), it seeks
+// once per delta to the window's first cluster and reads the entries up to
+// its end.
+func (b *thinBackend) deltaRange(txn *badger.Txn, rec *thinRecord, epoch uint32, c0 uint64, res, raw []entry, found []bool, wide bool) error {
+	if len(res) == 1 || !wide && int64(newerSnaps(rec, epoch)) < b.viewFrom.Load() {
 		for i := range res {
 			if res[i] != 0 {
 				continue
@@ -266,17 +272,19 @@ type snapDevice struct {
 }
 
 func (b *thinBackend) openSnapshot(rec *thinRecord, s *thinSnap) *snapDevice {
-	return &snapDevice{b: b, id: rec.ID, epoch: s.Epoch, n: uint64(s.Size) / BlockSize, cache: newClusterMap(b.clusters(s.Size))}
+	return &snapDevice{b: b, id: rec.ID, epoch: s.Epoch, n: uint64(s.Size) / BlockSize, cache: newClusterMap()}
 }
 
 func (d *snapDevice) blocks() uint64 { return d.n }
 func (d *snapDevice) release() error { return nil }
 
-func (d *snapDevice) entry(c uint64) (entry, error) {
+// entry resolves cluster c, and with wide the rest of its window too (see
+// viewEntries).
+func (d *snapDevice) entry(c uint64, wide bool) (entry, error) {
 	if e := d.cache.get(c); e != 0 {
 		return e, nil
 	}
-	return d.b.viewEntries(d.id, d.epoch, c, d.b.clusters(int64(d.n)*BlockSize), d.cache.set)
+	return d.b.viewEntries(d.id, d.epoch, c, d.b.clusters(int64(d.n)*BlockSize), wide, d.cache.set)
 }
 
 func (d *snapDevice) read(_ context.Context, lba uint64, dst []byte) error {
@@ -285,7 +293,7 @@ func (d *snapDevice) read(_ context.Context, lba uint64, dst []byte) error {
 		c := lba / b.cb
 		off := int64(lba%b.cb) * BlockSize
 		n := int(min(int64(len(dst)), b.cs-off))
-		e, err := d.entry(c)
+		e, err := d.entry(c, false)
 		if err == nil && e.phys() != 0 {
 			err = b.pool.readAt(dst[:n], e.phys(), off)
 		} else if err == nil {
@@ -315,7 +323,7 @@ func (d *snapDevice) blockStatus(ctx context.Context, lba, count uint64, fn func
 			return err
 		}
 		n := min(end-lba, d.b.cb-lba%d.b.cb)
-		e, err := d.entry(lba / d.b.cb)
+		e, err := d.entry(lba/d.b.cb, true)
 		if err != nil {
 			return err
 		}

@@ -38,12 +38,11 @@ type thinVol struct {
 // loadVol reads a volume's record and map; metaMu is held and the batch
 // holds nothing of the volume (committed before).
 func (b *thinBackend) loadVol(rec *thinRecord) (*thinVol, error) {
-	clusters := b.clusters(rec.Size)
-	v := &thinVol{b: b, id: rec.ID, name: rec.Name, m: newClusterMap(clusters), origin: rec.Origin,
+	v := &thinVol{b: b, id: rec.ID, name: rec.Name, m: newClusterMap(), origin: rec.Origin,
 		epoch: rec.Epoch, latest: rec.latest()}
 	v.size.Store(uint64(rec.Size) / BlockSize)
 	if rec.Origin != nil {
-		v.originMap = newClusterMap(b.clusters(rec.Origin.Size))
+		v.originMap = newClusterMap()
 	}
 	err := b.db.View(func(txn *badger.Txn) error {
 		prefix := idKey(tkMap, rec.ID)

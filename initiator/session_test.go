@@ -23,8 +23,8 @@ import (
 	"github.com/rnic-dev/rnic/target"
 )
 
-// TestLoginRefusals: a wrong secret, an unknown volume and an empty secret
-// are refused with clear errors, and nothing was logged in.
+// TestLoginRefusals: a wrong secret, an unknown volume, a malformed
+// snapshot reference and an empty secret are refused with clear errors, and nothing was logged in.
 func TestLoginRefusals(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	_, err := e.dial("mallory", func(c *initiator.Config) { c.Secret = []byte("not the secret at all") })
@@ -38,6 +38,16 @@ func TestLoginRefusals(t *testing.T) {
 		t.Fatalf("unknown volume: %v", err)
 	}
 	t.Logf("unknown volume: %v", err)
+	// "vol0@" is no reference to vol0 (a snapshot's name left empty, as by
+	// an unset shell variable): serving vol0 itself would make a
+	// read-only export writable.
+	for _, ref := range []string{"vol0@", "@vol0", "vol0@a@b"} {
+		_, err = e.dial("mallory", func(c *initiator.Config) { c.Volume = ref })
+		if !errors.As(err, &le) || le.Status != blockproto.StatusInvalid {
+			t.Fatalf("volume %q: %v", ref, err)
+		}
+		t.Logf("volume %q: %v", ref, err)
+	}
 	if _, err = e.dial("mallory", func(c *initiator.Config) { c.Secret = nil }); err == nil {
 		t.Fatal("empty secret accepted")
 	}

@@ -77,10 +77,23 @@ func checkName(what, name string) error {
 }
 
 // SplitSnapshot splits "VOL@SNAP" into VOL and SNAP; a name without '@'
-// returns snap "".
+// returns snap "". It checks nothing: ParseRef does.
 func SplitSnapshot(name string) (vol, snap string) {
 	vol, snap, _ = strings.Cut(name, "@")
 	return vol, snap
+}
+
+// ParseRef parses a reference to a volume, NAME, or to one of its
+// snapshots, NAME@SNAP. With an '@', both sides must be there: "disk1@"
+// (say, "disk1@$SNAP" with SNAP unset) is an error (ErrInvalid), never
+// disk1 itself, which would make a delete of a snapshot delete the volume
+// and an export meant read-only writable.
+func ParseRef(ref string) (vol, snap string, err error) {
+	vol, snap, at := strings.Cut(ref, "@")
+	if at && (vol == "" || snap == "" || strings.Contains(snap, "@")) {
+		return "", "", fmt.Errorf("want NAME or NAME@SNAP, neither empty: %w", ErrInvalid)
+	}
+	return vol, snap, nil
 }
 
 // checkMeta accepts UTF-8 keys and values (so they survive the JSON of a
@@ -166,7 +179,10 @@ func (s *volumeStore) openVolume(ctx context.Context, name string) (Volume, erro
 		return nil, err
 	}
 	defer s.ops.Done()
-	volName, snap := SplitSnapshot(name)
+	volName, snap, err := ParseRef(name)
+	if err != nil {
+		return nil, err
+	}
 	// Register the handle before looking the volume up, so an exclusive
 	// operation starting meanwhile sees it and fails with ErrBusy.
 	v := &volume{store: s, name: volName, ref: name}

@@ -175,6 +175,9 @@ func (t *Target) attach(ctx context.Context, c *conn, login blockproto.Login) (*
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, refuse(blockproto.StatusNoVolume, "no volume "+volName, err)
 		}
+		if errors.Is(err, store.ErrInvalid) {
+			return nil, refuse(blockproto.StatusInvalid, "bad volume name "+volName+" (want NAME or NAME@SNAP)", err)
+		}
 		return nil, refuse(blockproto.StatusIO, "cannot open volume "+volName, err)
 	}
 	s := &session{t: t, name: name, vol: vol}

@@ -113,6 +113,13 @@ func TestVolumeCommands(t *testing.T) {
 	if msg := fails(t, rt, append([]string{"volume", "delete", "vol@s1"}, d...)...); !strings.Contains(msg, "clones") {
 		t.Errorf("deleting a snapshot with a clone: %s", msg)
 	}
+	// "vol@" (say "vol@$SNAP" with SNAP unset) deletes nothing.
+	if msg := fails(t, rt, append([]string{"volume", "delete", "vol@"}, d...)...); !strings.Contains(msg, "NAME@SNAP") {
+		t.Errorf("deleting vol@: %s", msg)
+	}
+	if _, ok := listVolumes(t, rt, data)["vol"]; !ok {
+		t.Fatal("delete vol@ deleted vol")
+	}
 	vc("delete", "copy")
 	vc("delete", "vol@s1")
 	vc("delete", "vol")

@@ -145,9 +145,12 @@ func withManager(c *cli.Context, nargs int, f func(ctx context.Context, m volume
 
 // splitSnap parses NAME@SNAP.
 func splitSnap(arg string) (vol, snap string, err error) {
-	vol, snap = store.SplitSnapshot(arg)
-	if vol == "" || snap == "" {
-		return "", "", fmt.Errorf("%q: want NAME@SNAP", arg)
+	vol, snap, err = store.ParseRef(arg)
+	if err == nil && snap == "" {
+		err = errors.New("want NAME@SNAP")
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("%q: %w", arg, err)
 	}
 	return vol, snap, nil
 }
@@ -238,7 +241,10 @@ func volumeList(c *cli.Context) error {
 
 func volumeDelete(c *cli.Context) error {
 	return withManager(c, 1, func(ctx context.Context, m volumeManager, a []string) error {
-		vol, snap := store.SplitSnapshot(a[0])
+		vol, snap, err := store.ParseRef(a[0])
+		if err != nil {
+			return fmt.Errorf("delete %q: %w", a[0], err)
+		}
 		if snap != "" {
 			if err := m.DeleteSnapshot(ctx, vol, snap); err != nil {
 				return fmt.Errorf("delete %s: %w", a[0], err)

@@ -276,6 +276,12 @@ func testSnapshots(t *testing.T, s *suite) {
 	wantErr(t, "snapshot of a missing volume", err, store.ErrNotFound)
 	_, err = s.st.OpenVolume(ctx, "v@nope")
 	wantErr(t, "open a missing snapshot", err, store.ErrNotFound)
+	// "v@" is not v: an empty snapshot name (an unset variable in
+	// "v@$SNAP") must not open the writable volume.
+	for _, ref := range []string{"v@", "@s1", "v@s1@x"} {
+		_, err = s.st.OpenVolume(ctx, ref)
+		wantErr(t, "open "+ref, err, store.ErrInvalid)
+	}
 	wantErr(t, "delete a missing snapshot", s.st.DeleteSnapshot(ctx, "v", "nope"), store.ErrNotFound)
 
 	mustSnap(t, s, "v", "s2")

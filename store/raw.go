@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -16,14 +18,65 @@ import (
 // record; deleting the volume forgets it and leaves the file alone.
 
 // rawSize returns the size of a raw file or device in whole blocks, in
-// bytes.
+// bytes. A block device is opened exclusively (openRawFile), so one that is
+// mounted or held by another program is refused.
 func rawSize(path string) (int64, error) {
-	f, err := os.Open(path)
+	f, err := openRawFile(path, os.O_RDONLY)
 	if err != nil {
-		return 0, fmt.Errorf("raw: %w", err)
+		return 0, err
 	}
 	defer f.Close()
 	return rawFileSize(f)
+}
+
+// openRawFile opens a raw volume's file or device. A block device is
+// opened with O_EXCL, which Linux makes an exclusive claim on the device:
+// it fails with EBUSY while a file system on it is mounted or another
+// program (LVM, md, another rtarget) holds it so, and keeps them off while
+// the volume is served, as LIO's block backstore does. Serving a mounted
+// file system's device would corrupt it and feed the initiator garbage.
+func openRawFile(path string, flag int) (*os.File, error) {
+	if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeDevice != 0 && fi.Mode()&os.ModeCharDevice == 0 {
+		flag |= syscall.O_EXCL
+	}
+	f, err := os.OpenFile(path, flag, 0)
+	if errors.Is(err, syscall.EBUSY) {
+		return nil, fmt.Errorf("raw: %s is in use (a mounted file system, or held by another program): %w", path, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("raw: %w", err)
+	}
+	return f, nil
+}
+
+// checkRawPath refuses, for a new raw volume, a file inside the store's
+// own directory dir (writes through the volume would overwrite the
+// store's data or metadata) and the file or device of another raw volume
+// (two names for the same blocks, whose locks and reservations would not
+// see each other's users).
+func checkRawPath(dir, path string, others []*thinRecord) error {
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return fmt.Errorf("raw: %w", err)
+	}
+	if realDir, err := filepath.EvalSymlinks(dir); err == nil {
+		if rel, err := filepath.Rel(realDir, real); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+			return fmt.Errorf("raw: %s is inside the store's directory %s: %w", path, dir, ErrInvalid)
+		}
+	}
+	fi, err := os.Stat(real)
+	if err != nil {
+		return fmt.Errorf("raw: %w", err)
+	}
+	for _, r := range others {
+		if r.Kind != KindRaw {
+			continue
+		}
+		if ofi, err := os.Stat(r.RawPath); err == nil && os.SameFile(fi, ofi) {
+			return fmt.Errorf("raw: %s is already served as volume %q: %w", path, r.Name, ErrExists)
+		}
+	}
+	return nil
 }
 
 func rawFileSize(f *os.File) (int64, error) {
@@ -90,7 +143,7 @@ func (b *thinBackend) openRaw(rec *thinRecord) (*rawDevice, error) {
 		d.handles++
 		return d, nil
 	}
-	f, err := os.OpenFile(rec.RawPath, os.O_RDWR, 0)
+	f, err := openRawFile(rec.RawPath, os.O_RDWR)
 	if err != nil {
 		return nil, fmt.Errorf("raw volume %q: %w", rec.Name, err)
 	}

@@ -278,6 +278,15 @@ func (b *thinBackend) createVolume(_ context.Context, info VolumeInfo, opts Crea
 	b.catalogMu.Lock()
 	defer b.catalogMu.Unlock()
 	err := b.grow(func(txn *badger.Txn) error {
+		if rec.Kind == KindRaw {
+			all, err := b.records(txn)
+			if err != nil {
+				return err
+			}
+			if err := checkRawPath(b.dir, rec.RawPath, all); err != nil {
+				return err
+			}
+		}
 		id, err := b.newVolumeID(txn, rec.Name)
 		if err != nil {
 			return err

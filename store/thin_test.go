@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -346,4 +348,97 @@ func TestThinHugeVolume(t *testing.T) {
 	check("huge", blocks)
 	check("copy", blocks)
 	store.CheckThin(t, s)
+}
+
+// TestRawRefusals: a raw volume may not be a file of the store itself
+// (directly or through a symlink), nor the file of another raw volume
+// (through another name); a block device is claimed exclusively, so one
+// with a mounted file system is refused and one being served cannot be
+// mounted or claimed again (as root, with losetup; skipped otherwise).
+func TestRawRefusals(t *testing.T) {
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "store")
+	s, err := store.OpenThin(dir, store.ThinOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	inside := filepath.Join(dir, "data", "inside.img")
+	if err := os.WriteFile(inside, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(t.TempDir(), "link.img")
+	if err := os.Symlink(inside, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{inside, link} {
+		if _, err := s.CreateVolume(ctx, "r", 0, store.CreateOptions{Raw: p}); !errors.Is(err, store.ErrInvalid) {
+			t.Fatalf("raw volume on %s, in the store's directory: %v, want ErrInvalid", p, err)
+		}
+	}
+	img := filepath.Join(t.TempDir(), "disk.img")
+	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateVolume(ctx, "r1", 0, store.CreateOptions{Raw: img}); err != nil {
+		t.Fatal(err)
+	}
+	hard := filepath.Join(filepath.Dir(img), "hard.img")
+	if err := os.Link(img, hard); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateVolume(ctx, "r2", 0, store.CreateOptions{Raw: hard}); !errors.Is(err, store.ErrExists) || !strings.Contains(err.Error(), `"r1"`) {
+		t.Fatalf("a second raw volume on r1's file: %v, want ErrExists naming r1", err)
+	}
+
+	if os.Geteuid() != 0 {
+		t.Skip("block devices: needs root")
+	}
+	for _, tool := range []string{"losetup", "mkfs.ext4", "mount", "umount"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("block devices: %s not installed", tool)
+		}
+	}
+	devImg := filepath.Join(t.TempDir(), "dev.img")
+	if err := os.WriteFile(devImg, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(devImg, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", devImg).Output()
+	if err != nil {
+		t.Skipf("block devices: losetup: %v", err)
+	}
+	loop := strings.TrimSpace(string(out))
+	t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
+	mnt := t.TempDir()
+	for _, cmd := range [][]string{{"mkfs.ext4", "-q", loop}, {"mount", loop, mnt}} {
+		if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", cmd, err, out)
+		}
+	}
+	_, err = s.CreateVolume(ctx, "mounted", 0, store.CreateOptions{Raw: loop})
+	if out, uerr := exec.Command("umount", mnt).CombinedOutput(); uerr != nil {
+		t.Fatalf("umount: %v\n%s", uerr, out)
+	}
+	if err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Fatalf("raw volume on a mounted device: %v, want it refused as in use", err)
+	}
+	if _, err := s.CreateVolume(ctx, "dev", 0, store.CreateOptions{Raw: loop}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.OpenVolume(ctx, "dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", loop, mnt).CombinedOutput(); err == nil {
+		exec.Command("umount", mnt).Run()
+		t.Fatalf("mounted the device of a served raw volume\n%s", out)
+	}
+	v.Close()
+	if out, err := exec.Command("mount", loop, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount after the volume closed: %v\n%s", err, out)
+	}
+	exec.Command("umount", mnt).Run()
 }

@@ -236,7 +236,7 @@ func (c *Client) reconnectLoop() {
 			close(c.changed)
 			c.changed = make(chan struct{})
 			c.mu.Unlock()
-			c.log.Info("session re-established", "session", s.id, "slot", s.slot, "boot", s.bootID, "target", addr)
+			c.log.Info("session re-established", "session", s.id, "slot", s.slot, "boot", s.bootID, "addr", addr)
 			if died {
 				c.lost(s)
 			}
@@ -262,7 +262,7 @@ func (c *Client) reconnectLoop() {
 			c.log.Error("giving up reconnecting", "err", err)
 			return
 		}
-		c.log.Info("reconnect failed; retrying", "in", wait, "target", addr, "err", err)
+		c.log.Info("reconnect failed; retrying", "in", wait, "addr", addr, "err", err)
 		select {
 		case <-time.After(wait):
 		case <-c.closedCh():

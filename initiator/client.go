@@ -192,7 +192,12 @@ func (c *Client) lost(s *session) {
 		c.wg.Add(1)
 	}
 	c.mu.Unlock()
-	c.log.Warn("session lost", "session", s.id, "cause", s.cause)
+	if s.leaving.Load() {
+		// The target said goodbye (a shutdown or restart): expected.
+		c.log.Info("session closed by the target", "session", s.id, "cause", s.cause)
+	} else {
+		c.log.Warn("session lost", "session", s.id, "cause", s.cause)
+	}
 	go s.close()
 	if start {
 		go c.reconnectLoop()

@@ -35,6 +35,9 @@ type session struct {
 	rr  atomic.Uint32
 
 	goodbyes atomic.Int32 // QPs that received a synced GOODBYE
+	// leaving is set by the first GOODBYE: the target is closing every
+	// QP of the session, so close leaves the closing to it.
+	leaving atomic.Bool
 
 	dead      chan struct{}
 	failOnce  sync.Once
@@ -164,20 +167,37 @@ func (s *session) close() {
 		// connection ends with FIN, the target sees an orderly close);
 		// one still busy, or one that does not get to Idle in time, is
 		// reset. Either way it ends in Error or Idle, which flushes the
-		// receives: the handler sees that and stops the QP.
+		// receives: the handler sees that and stops the QP. The QPs that
+		// joined go first and the login's QP last: the target ends the
+		// session when that one closes, and resets the QPs still open
+		// then, which would end them with a reset where an orderly close
+		// was meant.
 		var wg sync.WaitGroup
-		for _, q := range s.qps {
-			if !q.idle() {
-				q.Reset()
-				continue
+		closeQPs := func(qps []*conn) {
+			for _, q := range qps {
+				if !q.idle() {
+					q.Reset()
+					continue
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if s.leaving.Load() {
+						// Its GOODBYE and FIN may still be on the way: a
+						// FIN of ours crossing the GOODBYE would make it
+						// a segment received while closing, a reset.
+						q.AwaitClose(gracefulClose)
+					} else {
+						q.CloseGracefully(gracefulClose)
+					}
+				}()
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				q.CloseGracefully(gracefulClose)
-			}()
+			wg.Wait()
 		}
-		wg.Wait()
+		if len(s.qps) > 0 {
+			closeQPs(s.qps[1:])
+			closeQPs(s.qps[:1])
+		}
 		for _, q := range s.qps {
 			<-q.stopped
 		}
@@ -195,6 +215,7 @@ const gracefulClose = 2 * time.Second
 // onGoodbye records a GOODBYE: once every QP got a synced one, every
 // write this session acknowledged is durable.
 func (s *session) onGoodbye(synced bool) {
+	s.leaving.Store(true)
 	if synced && int(s.goodbyes.Add(1)) == len(s.qps) {
 		s.c.unflushed.CompareAndSwap(s.bootID, 0)
 	}

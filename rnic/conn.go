@@ -317,6 +317,7 @@ func (c *conn) closeGracefully() {
 	qp.setStateLocked(StateClosing)
 	qp.mu.Unlock()
 	qp.flushRQ()
+	c.settleTx()
 	if !qp.sq.empty() || c.respPending() {
 		// WQEs still there: Closing -> Error with Bad Close (draft T17).
 		c.log.Info("close with work outstanding: resetting", "event", EventBadClose)
@@ -452,6 +453,9 @@ func (c *conn) endOfStream(end rxEnd, rerr error) {
 		<-c.txDone
 		c.drain()
 	case endEOF:
+		if st == StateRTS {
+			c.settleTx()
+		}
 		switch {
 		case st == StateRTS && qp.sq.empty() && !c.respPending() && !c.rx.midMessage():
 			qp.mu.Lock()
@@ -504,6 +508,20 @@ func (c *conn) endOfStream(end rxEnd, rerr error) {
 		c.dev.raise(AsyncEvent{Type: ev, Resource: ResourceQP, QP: qp, QPID: qp.id, Terminate: tf, TerminateSent: sent, Err: rerr})
 	}
 }
+
+// settleTx waits, up to settleWait, for the transmitter to finish the
+// WQEs it has in hand when the peer's FIN arrives: a Send being written
+// out then (on loopback the peer may read it and close before the
+// transmitter marks it done) is complete once written, not outstanding
+// work that makes the close a bad one.
+func (c *conn) settleTx() {
+	for deadline := time.Now().Add(settleWait); c.qp.sq.transmitting() && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+// settleWait bounds settleTx.
+const settleWait = 100 * time.Millisecond
 
 // detach completes the move to the final state: every outstanding WQE is
 // flushed before Error becomes visible, under qp.mu so that no WR is posted

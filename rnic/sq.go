@@ -155,6 +155,20 @@ func (q *sendQueue) popORD() {
 	q.ord = q.ord[:n]
 }
 
+// transmitting reports whether the transmitter has a WQE in hand that
+// completes without the peer (a Send or Write being written out; a Read
+// or atomic waits for its response).
+func (q *sendQueue) transmitting() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for i := q.head; i != q.next; i++ {
+		if e := q.at(i); e.state == sqStarted && !e.wr.Op.isReadLike() {
+			return true
+		}
+	}
+	return false
+}
+
 func (q *sendQueue) empty() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()

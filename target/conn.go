@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/rnic-dev/rnic/blockproto"
 	"github.com/rnic-dev/rnic/internal/endpoint"
@@ -22,6 +23,9 @@ type conn struct {
 	t    *Target
 	log  *slog.Logger
 	sess *session
+	// inSession is set once the session holds the QP (addQP): from then
+	// on the session, not the login, tears it down.
+	inSession atomic.Bool
 
 	credits int // slots granted at login (0 while logging in)
 	lockMR  *rnic.MR
@@ -141,9 +145,19 @@ func (c *conn) handle(wcs []rnic.WC) bool {
 // lost ends the session because this QP's connection is gone.
 func (c *conn) lost() {
 	c.markDead()
+	if c.sess.closing.Load() {
+		// The target is closing the session itself (goodbye), which
+		// ends it once every QP has said goodbye: ending it here, as the
+		// first QP closes, would reset the others mid-goodbye.
+		return
+	}
 	reason := "connection lost"
-	if c.QP.State() == rnic.StateIdle {
-		reason = "initiator closed the connection" // an orderly close (FIN both ways)
+	if st := c.QP.State(); st == rnic.StateIdle || st == rnic.StateClosing {
+		// An orderly close: FIN both ways (Idle), or the initiator's
+		// FIN seen, with ours on its way (Closing: the receives are
+		// flushed as the QP enters it, so the handler may see the
+		// flush before Idle).
+		reason = reasonInitiatorClosed
 	}
 	go c.sess.end(reason)
 }

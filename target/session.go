@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // session is one initiator's login to one volume: a reservation slot and
@@ -20,6 +22,9 @@ type session struct {
 	qps     []*conn
 	ended   bool
 	endOnce sync.Once
+	// closing is set when the target itself closes the session's QPs in
+	// order (goodbye): their end is then not the initiator's doing.
+	closing atomic.Bool
 }
 
 // addSession gives s an unused random ID and registers it with the
@@ -51,6 +56,7 @@ func (s *session) addQP(c *conn) bool {
 	}
 	s.qps = append(s.qps, c)
 	c.sess = s
+	c.inSession.Store(true)
 	return true
 }
 
@@ -65,6 +71,14 @@ func (s *session) startQP(c *conn) {
 	}
 }
 
+// reasonInitiatorClosed is the reason a session ends when its initiator
+// closed one of its QPs in order.
+const reasonInitiatorClosed = "initiator closed the connection"
+
+// closeWait bounds the orderly close of a session's QPs when it ends in
+// order.
+const closeWait = time.Second
+
 // end tears the session down: every QP, then the locks and reservation
 // it held (bumping the fence), its slot, its volume reference.
 func (s *session) end(reason string) {
@@ -77,11 +91,19 @@ func (s *session) end(reason string) {
 		t.mu.Lock()
 		delete(t.sessions, s.id)
 		t.mu.Unlock()
+		// When the initiator closed a QP in order, it is leaving, and
+		// after a goodbye the target is: the QPs are closed in order
+		// (FIN both ways, not a reset, which the initiator's engine
+		// would report as a lost stream), within closeWait.
+		graceful := reason == reasonInitiatorClosed || s.closing.Load()
 		var wg sync.WaitGroup
 		for _, c := range qps {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				if graceful {
+					c.CloseGracefully(closeWait)
+				}
 				c.down()
 			}()
 		}
@@ -102,6 +124,7 @@ func (s *session) goodbye(ctx context.Context, synced bool) {
 	s.mu.Lock()
 	qps := append([]*conn(nil), s.qps...)
 	s.mu.Unlock()
+	s.closing.Store(true)
 	detail := "target shutting down; acknowledged writes are durable"
 	if !synced {
 		detail = "target shutting down"

@@ -207,7 +207,12 @@ func (t *Target) Shutdown(ctx context.Context) error {
 	}
 	pend := make([]*conn, 0, len(t.pending))
 	for c := range t.pending {
-		pend = append(pend, c)
+		// A QP its session took is the session's (goodbye and end
+		// below), though its login has not returned yet: killing it
+		// here reset a QP the initiator had just been welcomed on.
+		if !c.inSession.Load() {
+			pend = append(pend, c)
+		}
 	}
 	t.mu.Unlock()
 	if err == nil {

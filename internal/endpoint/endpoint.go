@@ -387,11 +387,29 @@ func (e *Endpoint) Stopped() {
 	e.QP.WaitState(ctx, rnic.StateError, rnic.StateIdle)
 }
 
+// AwaitClose waits up to timeout for the peer to close the connection
+// (Idle after its FIN, or Error), and resets it if it has not by then: for
+// a peer that said it is leaving.
+func (e *Endpoint) AwaitClose(timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	e.QP.WaitState(ctx, rnic.StateIdle, rnic.StateError)
+	cancel()
+	if st := e.QP.State(); st == rnic.StateRTS || st == rnic.StateClosing {
+		e.QP.Modify(rnic.StateError, rnic.ModifyAttrs{})
+	}
+}
+
 // CloseGracefully ends a connection that is up with FIN both ways (the
 // peer sees an orderly close), waiting up to timeout; a connection that
 // does not get to Idle in time is reset.
 func (e *Endpoint) CloseGracefully(timeout time.Duration) {
-	if e.QP.State() != rnic.StateRTS || e.QP.Modify(rnic.StateClosing, rnic.ModifyAttrs{}) != nil {
+	switch e.QP.State() {
+	case rnic.StateRTS:
+		if e.QP.Modify(rnic.StateClosing, rnic.ModifyAttrs{}) != nil {
+			return
+		}
+	case rnic.StateClosing: // closing already (the peer's FIN, or ours): wait for it
+	default:
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)

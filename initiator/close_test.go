@@ -1,0 +1,83 @@
+package initiator_test
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rnic-dev/rnic/initiator"
+	"github.com/rnic-dev/rnic/target"
+)
+
+// logBuf collects a logger's lines for a test to look at.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *logBuf) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// waitLog waits until l holds n lines containing s.
+func waitLog(t *testing.T, l *logBuf, s string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); strings.Count(l.String(), s) < n; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d lines with %q, want %d; log:\n%s", strings.Count(l.String(), s), s, n, l.String())
+		}
+	}
+}
+
+// TestOrderlyClose: a session of several QPs ends with FIN on every one,
+// both when the initiator leaves and when the target shuts down: neither
+// engine sees a reset (which it logs as a lost stream, and which cut the
+// other QPs' GOODBYE at shutdown: the target ended the session, resetting
+// them, as soon as the first QP had closed), and the target names the
+// right reason.
+func TestOrderlyClose(t *testing.T) {
+	var tlog logBuf
+	e := newEnv(t, envOpts{tcfg: func(c *target.Config) { c.Logger = tlog.logger() }})
+	const qps = 3
+	for round := range 5 {
+		var clog logBuf
+		c := e.client("leaver", func(c *initiator.Config) { c.QPs = qps; c.Logger = clog.logger() })
+		if err := c.WriteAt(tctx(t), make([]byte, 4096), 0, false); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		waitLog(t, &tlog, `reason="initiator closed the connection"`, round+1)
+		if strings.Contains(clog.String(), "stream lost") {
+			t.Fatalf("round %d: the initiator's engine lost a stream as it closed:\n%s\ntarget:\n%s", round, clog.String(), tlog.String())
+		}
+	}
+	var clog logBuf
+	c := e.client("stayer", func(c *initiator.Config) { c.QPs = qps; c.Logger = clog.logger() })
+	if err := c.WriteAt(tctx(t), make([]byte, 4096), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	e.stop()
+	waitLog(t, &clog, "target says goodbye", qps)
+	waitLog(t, &tlog, `reason="target shutdown"`, 1)
+	if strings.Contains(clog.String(), "stream lost") {
+		t.Fatalf("the initiator's engine lost a stream at the target's shutdown:\n%s", clog.String())
+	}
+	if s := tlog.String(); strings.Contains(s, "connection lost") || strings.Contains(s, "work outstanding") {
+		t.Fatalf("the target reset a QP:\n%s", s)
+	}
+}

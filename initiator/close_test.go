@@ -66,6 +66,7 @@ func TestOrderlyClose(t *testing.T) {
 			t.Fatalf("round %d: the initiator's engine lost a stream as it closed:\n%s\ntarget:\n%s", round, clog.String(), tlog.String())
 		}
 	}
+	addr := e.addr
 	var clog logBuf
 	c := e.client("stayer", func(c *initiator.Config) { c.QPs = qps; c.Logger = clog.logger() })
 	if err := c.WriteAt(tctx(t), make([]byte, 4096), 0, false); err != nil {
@@ -79,5 +80,13 @@ func TestOrderlyClose(t *testing.T) {
 	}
 	if s := tlog.String(); strings.Contains(s, "connection lost") || strings.Contains(s, "work outstanding") {
 		t.Fatalf("the target reset a QP:\n%s", s)
+	}
+	// Every QP had its synced GOODBYE, so the write made before the
+	// shutdown is known durable: once the client is back on the restarted
+	// target, its Flush reports no loss (ErrWritesLost).
+	e.start(envOpts{addr: addr})
+	waitLog(t, &clog, "session re-established", 1)
+	if err := c.Flush(tctx(t)); err != nil {
+		t.Fatalf("flush after a clean restart: %v", err)
 	}
 }

@@ -724,4 +724,13 @@ func TestLockCommands(t *testing.T) {
 	if out := run(t, 30*time.Second, ri, "lock", "status", "--target", addr, "--volume", "v", "--lock", "2"); !strings.Contains(out, "lock 2: free") {
 		t.Fatalf("status after release: %s", out)
 	}
+	// A pid file that cannot be written fails before the lock is taken.
+	bad := filepath.Join(t.TempDir(), "missing", "lock.pid")
+	b, err = exec.Command(ri, "lock", "acquire", "--target", addr, "--volume", "v", "--lock", "4", "--pid-file", bad).CombinedOutput()
+	if err == nil || !strings.Contains(string(b), "--pid-file") || strings.Contains(string(b), "acquired") {
+		t.Fatalf("acquire with an unwritable pid file: %v\n%s", err, b)
+	}
+	if out := run(t, 30*time.Second, ri, "lock", "status", "--target", addr, "--volume", "v", "--lock", "4"); !strings.Contains(out, "lock 4: free") {
+		t.Fatalf("status after the failed acquire: %s", out)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -142,6 +143,24 @@ func lockAcquire(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	// The pid file is written to a temporary file in its directory,
+	// made now, and renamed into place once the lock is held: a bad path
+	// fails before anything is acquired, and whoever waits for the file
+	// to appear finds it whole.
+	var pidTmp *os.File
+	if pf := c.String("pid-file"); pf != "" {
+		f, err := os.CreateTemp(filepath.Dir(pf), "."+filepath.Base(pf)+".*")
+		if err != nil {
+			return fmt.Errorf("--pid-file: %w", err)
+		}
+		pidTmp = f
+		defer func() {
+			if pidTmp != nil {
+				pidTmp.Close()
+				os.Remove(pidTmp.Name())
+			}
+		}()
+	}
 	cl, err := connect(c, log)
 	if err != nil {
 		return err
@@ -184,11 +203,23 @@ func lockAcquire(c *cli.Context) error {
 		fmt.Fprintf(w, "lock %d acquired, fencing token %d\n", n, l.Token())
 		release = l.Unlock
 	}
-	if pf := c.String("pid-file"); pf != "" {
-		if err := os.WriteFile(pf, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+	if pidTmp != nil {
+		pf := c.String("pid-file")
+		_, err := pidTmp.WriteString(strconv.Itoa(os.Getpid()) + "\n")
+		if err == nil {
+			err = pidTmp.Chmod(0o644)
+		}
+		if cerr := pidTmp.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = os.Rename(pidTmp.Name(), pf)
+		}
+		if err != nil {
 			release(context.Background())
 			return fmt.Errorf("--pid-file: %w", err)
 		}
+		pidTmp = nil
 		defer os.Remove(pf)
 	}
 	<-ctx.Done()

@@ -51,7 +51,7 @@ func ParseSize(s string) (int64, error) {
 	}
 	v, err := strconv.ParseInt(t, 10, 64)
 	if err != nil || v <= 0 {
-		return 0, fmt.Errorf("invalid size %q (want a positive number with an optional K, M, G or T suffix, e.g. 512M)", s)
+		return 0, fmt.Errorf("invalid size %q (want a positive number with an optional K, M, G, T or P suffix, e.g. 512M)", s)
 	}
 	if v > (1<<62)/mult {
 		return 0, fmt.Errorf("size %q is too large", s)

@@ -25,6 +25,29 @@ import (
 // controlVersion is the version of the requests and responses.
 const controlVersion = 1
 
+// maxControlLine bounds a request line. The largest request, a volume's
+// metadata (at most store.MaxMetaLen bytes, escaped in JSON), is far below
+// it; a longer line is refused and its connection closed, so that nothing
+// a client sends makes the daemon buffer without end.
+const maxControlLine = 1 << 20
+
+var errLineTooLong = fmt.Errorf("request longer than %d bytes", maxControlLine)
+
+// readLine reads one line of at most max bytes, newline included.
+func readLine(r *bufio.Reader, max int) ([]byte, error) {
+	var line []byte
+	for {
+		frag, err := r.ReadSlice('\n')
+		if len(line)+len(frag) > max {
+			return nil, errLineTooLong
+		}
+		line = append(line, frag...)
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return line, err
+		}
+	}
+}
+
 type controlRequest struct {
 	Version int               `json:"v"`
 	Op      string            `json:"op"`
@@ -132,7 +155,12 @@ func (s *controlServer) serveConn(c net.Conn) {
 	r := bufio.NewReader(c)
 	enc := json.NewEncoder(c)
 	for {
-		line, err := r.ReadBytes('\n')
+		line, err := readLine(r, maxControlLine)
+		if errors.Is(err, errLineTooLong) {
+			s.log.Warn("control socket: request refused", "err", err)
+			enc.Encode(controlResponse{Error: "bad request: " + err.Error(), Code: "invalid"})
+			return // the rest of the line is unread: the connection cannot go on
+		}
 		if len(line) == 0 || (err != nil && !errors.Is(err, io.EOF)) {
 			return
 		}

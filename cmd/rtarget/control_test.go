@@ -1,0 +1,77 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rnic-dev/rnic/store"
+)
+
+// TestControlLineBound: a request line past maxControlLine is refused
+// with an error and its connection closed, without the daemon buffering
+// it; requests up to the bound, and new connections, are served.
+func TestControlLineBound(t *testing.T) {
+	st := store.NewMemory()
+	defer st.Close()
+	path := filepath.Join(t.TempDir(), "rtarget.sock")
+	srv, err := listenControl(path, st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.close()
+	ask := func(c net.Conn, r *bufio.Reader, line []byte) controlResponse {
+		t.Helper()
+		go c.Write(line) // the server may close before reading it all
+		b, err := r.ReadBytes('\n')
+		if err != nil {
+			t.Fatalf("no response: %v", err)
+		}
+		var resp controlResponse
+		if err := json.Unmarshal(b, &resp); err != nil {
+			t.Fatalf("response %q: %v", b, err)
+		}
+		return resp
+	}
+	dial := func() (net.Conn, *bufio.Reader) {
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c, bufio.NewReader(c)
+	}
+
+	c, r := dial()
+	long := append(bytes.Repeat([]byte("x"), 2*maxControlLine), '\n')
+	resp := ask(c, r, long)
+	if resp.Code != "invalid" || !strings.Contains(resp.Error, "longer than") {
+		t.Fatalf("a 2 MiB line: %+v", resp)
+	}
+	if _, err := r.ReadBytes('\n'); err == nil {
+		t.Fatal("the connection stayed open after a refused line")
+	}
+
+	// Just under the bound: a create whose metadata pads the line (it
+	// fails for the metadata's size, but it is read and answered), then
+	// a list on the same connection.
+	c, r = dial()
+	req, _ := json.Marshal(controlRequest{Version: controlVersion, Op: "create", Name: "v", Size: 1 << 20,
+		Meta: map[string]string{"pad": strings.Repeat("y", maxControlLine-200)}})
+	if len(req)+1 > maxControlLine {
+		t.Fatalf("test request of %d bytes is over the bound", len(req)+1)
+	}
+	if resp := ask(c, r, append(req, '\n')); strings.Contains(resp.Error, "longer than") {
+		t.Fatalf("a line under the bound: %+v", resp)
+	}
+	req, _ = json.Marshal(controlRequest{Version: controlVersion, Op: "list"})
+	if resp := ask(c, r, append(req, '\n')); resp.Error != "" {
+		t.Fatalf("list after it: %+v", resp)
+	}
+}

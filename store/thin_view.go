@@ -54,7 +54,7 @@ func (b *thinBackend) viewEntries(id, epoch uint32, c, limit uint64, wide bool, 
 			c1 = min(c0+viewWindow, limit)
 		}
 		res := make([]entry, c1-c0)
-		if err := b.viewRange(txn, rec, epoch, c0, res, wide); err != nil {
+		if err := b.viewRange(txn, rec, epoch, c0, res); err != nil {
 			return err
 		}
 		for i, e := range res {
@@ -103,8 +103,8 @@ func newerSnaps(rec *thinRecord, epoch uint32) int {
 // viewRange resolves clusters c0 .. c0+len(res)-1 of snapshot epoch of the
 // volume of rec into res: for each, the first of the deltas from epoch on
 // to hold the cluster, else the head map, else the origin's view, level by
-// level down the clone chain. wide: see deltaRange.
-func (b *thinBackend) viewRange(txn *badger.Txn, rec *thinRecord, epoch uint32, c0 uint64, res []entry, wide bool) error {
+// level down the clone chain.
+func (b *thinBackend) viewRange(txn *badger.Txn, rec *thinRecord, epoch uint32, c0 uint64, res []entry) error {
 	raw := make([]entry, len(res))
 	found := make([]bool, len(res))
 	left := len(res)
@@ -114,7 +114,7 @@ func (b *thinBackend) viewRange(txn *badger.Txn, rec *thinRecord, epoch uint32, 
 		}
 		clear(raw)
 		clear(found)
-		if err := b.deltaRange(txn, rec, epoch, c0, res, raw, found, wide); err != nil {
+		if err := b.deltaRange(txn, rec, epoch, c0, res, raw, found); err != nil {
 			return err
 		}
 		if err := b.mapRange(txn, rec.ID, c0, res, raw, found); err != nil {
@@ -187,14 +187,13 @@ func scanRange(it *badger.Iterator, from []byte, c0 uint64, res, raw []entry, fo
 
 // deltaRange looks up, for each cluster c0+i that res leaves unresolved,
 // the first delta from snapshot epoch on of the volume of rec that holds
-// it: into raw[i], with found[i] set. With fewer than viewSeekFrom such
-// deltas, or for one cluster, it looks each cluster up in each (a lookup
-// that finds nothing is cheap: badger's bloom filters); with more, or when
-// wide (a block status, which reads every cluster of the window), it seeks
-// once per delta to the window's first cluster and reads the entries up to
-// its end.
-func (b *thinBackend) deltaRange(txn *badger.Txn, rec *thinRecord, epoch uint32, c0 uint64, res, raw []entry, found []bool, wide bool) error {
-	if len(res) == 1 || !wide && int64(newerSnaps(rec, epoch)) < b.viewFrom.Load() {
+// it: into raw[i], with found[i] set. For one cluster it looks it up in
+// each delta (a lookup that finds nothing is cheap: badger's bloom
+// filters); for a window it seeks once per delta to the window's first
+// cluster and reads the entries up to its end, cheaper than a lookup per
+// cluster of the window however few the deltas (BenchmarkBlockStatusView).
+func (b *thinBackend) deltaRange(txn *badger.Txn, rec *thinRecord, epoch uint32, c0 uint64, res, raw []entry, found []bool) error {
+	if len(res) == 1 {
 		for i := range res {
 			if res[i] != 0 {
 				continue

@@ -178,19 +178,8 @@ func (d *rawDevice) read(_ context.Context, lba uint64, dst []byte) error {
 	l := d.lock(lba, uint64(len(dst))/BlockSize, false)
 	defer l.unlock()
 	pos := int64(lba) * BlockSize
-	for len(dst) > 0 {
-		n, err := unix.Pread(d.fd, dst, pos)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("raw read at %d: %w", pos, err)
-		}
-		if n == 0 {
-			clear(dst) // the file shrank under us
-			return nil
-		}
-		dst, pos = dst[n:], pos+int64(n)
+	if err := pread(d.fd, dst, pos); err != nil {
+		return fmt.Errorf("raw read at %d: %w", pos, err)
 	}
 	return nil
 }

@@ -130,19 +130,8 @@ func (p *dataPool) readAt(dst []byte, c uint64, off int64) error {
 	if int64(len(dst)) > room {
 		return fmt.Errorf("read of %d bytes at cluster %d crosses a data file: %w", len(dst), c, ErrInvalid)
 	}
-	for len(dst) > 0 {
-		n, err := unix.Pread(f.fd, dst, pos)
-		if err != nil {
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			return fmt.Errorf("read data file %d at %d: %w", c>>p.fileShift, pos, err)
-		}
-		if n == 0 {
-			clear(dst) // past the end of a sparse file
-			return nil
-		}
-		dst, pos = dst[n:], pos+int64(n)
+	if err := pread(f.fd, dst, pos); err != nil {
+		return fmt.Errorf("read data file %d at %d: %w", c>>p.fileShift, pos, err)
 	}
 	return nil
 }
@@ -155,20 +144,6 @@ func (p *dataPool) tryReadAt(dst []byte, c uint64, off int64) bool {
 		return false
 	}
 	return preadNoWait(f.fd, dst, pos)
-}
-
-// preadNoWait fills dst from fd at pos if the page cache holds all of it
-// (preadv2 with RWF_NOWAIT), and reports whether it did.
-func preadNoWait(fd int, dst []byte, pos int64) bool {
-	n, err := unix.Preadv2(fd, [][]byte{dst}, pos, unix.RWF_NOWAIT)
-	switch {
-	case err == nil && n == len(dst):
-		return true
-	case err == nil && n == 0:
-		clear(dst) // past the end of a sparse file
-		return true
-	}
-	return false
 }
 
 // writeAt stores src at physical cluster c, byte off: an overwrite in a

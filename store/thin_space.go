@@ -96,12 +96,12 @@ func (g *spaceGuard) statfs() (free, reserve int64, err error) {
 		if err := unix.Statfs(d, &st); err != nil {
 			return 0, 0, fmt.Errorf("free space of %s: %w", d, err)
 		}
-		f := int64(st.Bavail) * st.Bsize
+		f := int64(st.Bavail) * int64(st.Bsize)
 		if free < 0 || f < free {
 			free = f
 		}
 		if g.reserve <= 0 {
-			reserve = max(reserve, min(max(int64(st.Blocks)*st.Bsize/50, minSpaceReserve), maxSpaceReserve))
+			reserve = max(reserve, min(max(int64(st.Blocks)*int64(st.Bsize)/50, minSpaceReserve), maxSpaceReserve))
 		}
 	}
 	return free, reserve, nil

@@ -21,9 +21,16 @@ import (
 // spent 25 % less CPU on 4 KiB random writes but served fewer of them at
 // QD16: a raw call holds its P while the kernel works).
 
+// rawReadMax bounds the reads made raw: a raw call keeps its P while the
+// kernel copies, and for large reads the system call's cost is small next
+// to the copy (1 MiB reads through rinit measured 10 % slower raw).
+const rawReadMax = 64 << 10
+
 // pread fills dst from fd at pos, with zeros past the end of the file.
 func pread(fd int, dst []byte, pos int64) error {
-	if n, err := preadv2NoWait(fd, dst, pos); err == nil {
+	if len(dst) > rawReadMax {
+		// Past rawReadMax: straight to Pread.
+	} else if n, err := preadv2NoWait(fd, dst, pos); err == nil {
 		if n == 0 {
 			clear(dst) // past the end of the file
 			return nil

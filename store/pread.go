@@ -9,7 +9,8 @@ import (
 )
 
 // The data files' reads. Data in the page cache is read with preadv2 and
-// RWF_NOWAIT, which never waits for the device; such a call is made
+// RWF_NOWAIT, which never waits for the device (a miss only starts the
+// read of what is missing, for the Pread that follows); such a call is made
 // without telling the Go scheduler (syscall.RawSyscall6), since a
 // scheduler-visible system call costs its entry and exit and, when the
 // process had gone idle, wakes the runtime's monitor thread (sysmon):

@@ -96,7 +96,9 @@
 // without touching badger; a request spanning clusters that follow each
 // other in a data file is one system call. Requests lock the clusters they
 // cover (reads shared, writes and discards exclusively), which makes each
-// request atomic for concurrent ones.
+// request atomic for concurrent ones. Reads of up to 64 KiB that the page
+// cache holds are made without the Go scheduler's system-call path
+// (pread.go).
 //
 // A write to an unallocated cluster allocates one (the lowest free one,
 // else past the high-water mark; whole clusters written together get a

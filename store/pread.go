@@ -29,14 +29,14 @@ const rawReadMax = 64 << 10
 
 // pread fills dst from fd at pos, with zeros past the end of the file.
 func pread(fd int, dst []byte, pos int64) error {
-	if len(dst) > rawReadMax {
-		// Past rawReadMax: straight to Pread.
-	} else if n, err := preadv2NoWait(fd, dst, pos); err == nil {
-		if n == 0 {
-			clear(dst) // past the end of the file
-			return nil
+	if len(dst) <= rawReadMax {
+		if n, err := preadv2NoWait(fd, dst, pos); err == nil {
+			if n == 0 {
+				clear(dst) // past the end of the file
+				return nil
+			}
+			dst, pos = dst[n:], pos+int64(n)
 		}
-		dst, pos = dst[n:], pos+int64(n)
 	}
 	for len(dst) > 0 {
 		n, err := unix.Pread(fd, dst, pos)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -30,23 +29,6 @@ const controlVersion = 1
 // it; a longer line is refused and its connection closed, so that nothing
 // a client sends makes the daemon buffer without end.
 const maxControlLine = 1 << 20
-
-var errLineTooLong = fmt.Errorf("request longer than %d bytes", maxControlLine)
-
-// readLine reads one line of at most max bytes, newline included.
-func readLine(r *bufio.Reader, max int) ([]byte, error) {
-	var line []byte
-	for {
-		frag, err := r.ReadSlice('\n')
-		if len(line)+len(frag) > max {
-			return nil, errLineTooLong
-		}
-		line = append(line, frag...)
-		if !errors.Is(err, bufio.ErrBufferFull) {
-			return line, err
-		}
-	}
-}
 
 type controlRequest struct {
 	Version int               `json:"v"`
@@ -152,18 +134,11 @@ func (s *controlServer) accept() {
 
 // serveConn answers the requests of one connection until it ends.
 func (s *controlServer) serveConn(c net.Conn) {
-	r := bufio.NewReader(c)
+	sc := bufio.NewScanner(c)
+	sc.Buffer(make([]byte, 0, 4096), maxControlLine)
 	enc := json.NewEncoder(c)
-	for {
-		line, err := readLine(r, maxControlLine)
-		if errors.Is(err, errLineTooLong) {
-			s.log.Warn("control socket: request refused", "err", err)
-			enc.Encode(controlResponse{Error: "bad request: " + err.Error(), Code: "invalid"})
-			return // the rest of the line is unread: the connection cannot go on
-		}
-		if len(line) == 0 || (err != nil && !errors.Is(err, io.EOF)) {
-			return
-		}
+	for sc.Scan() {
+		line := sc.Bytes()
 		var req controlRequest
 		resp := controlResponse{}
 		if jerr := json.Unmarshal(line, &req); jerr != nil {
@@ -183,6 +158,12 @@ func (s *controlServer) serveConn(c net.Conn) {
 		if err := enc.Encode(resp); err != nil {
 			return
 		}
+	}
+	if errors.Is(sc.Err(), bufio.ErrTooLong) {
+		// The rest of the line is unread: the connection cannot go on.
+		err := fmt.Errorf("request longer than %d bytes", maxControlLine)
+		s.log.Warn("control socket: request refused", "err", err)
+		enc.Encode(controlResponse{Error: "bad request: " + err.Error(), Code: "invalid"})
 	}
 }
 

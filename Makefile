@@ -38,6 +38,10 @@ test-ceph:
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || (gofmt -l . ; echo "gofmt: files above need formatting"; exit 1)
 	$(GO) vet ./...
+	# Other targets: every package and test type-checks without cgo on a
+	# 64-bit ARM and a 32-bit one (the default build is pure Go).
+	CGO_ENABLED=0 GOARCH=arm64 $(GO) vet ./...
+	CGO_ENABLED=0 GOARCH=386 $(GO) vet ./...
 
 # RNIC_VM=1: the interoperability tests boot a Linux VM with soft-iWARP and
 # the kernel NBD client (built on first use into ~/.cache/rnic/linuxvm).

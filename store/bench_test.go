@@ -206,7 +206,7 @@ func compare(b *testing.B, j benchJob, file, vol ioTarget, span int64) {
 	const rounds = 40
 	// At most 2 GiB per side: a file system of the machine's size holds
 	// both, also for the fresh volumes.
-	per := max(4*j.qd, min(b.N, 2<<30/j.size)/rounds)
+	per := max(4*j.qd, min(b.N, int(2<<30/int64(j.size)))/rounds)
 	var tf, tv timing
 	var cf, cv cursor
 	for r := range rounds {

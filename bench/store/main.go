@@ -481,7 +481,9 @@ func fsName(dir string) string {
 	if err := unix.Statfs(dir, &st); err != nil {
 		return "unknown (" + err.Error() + ")"
 	}
-	switch st.Type {
+	// Statfs_t.Type is int32 on some 32-bit architectures, where btrfs's
+	// magic number would overflow it: compare as 32-bit patterns.
+	switch uint32(st.Type) {
 	case unix.EXT4_SUPER_MAGIC:
 		return "ext4"
 	case unix.XFS_SUPER_MAGIC:

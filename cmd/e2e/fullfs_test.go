@@ -96,7 +96,7 @@ func TestFileSystemFilledByAnother(t *testing.T) {
 	if err := syscall.Statfs(mnt, &st); err != nil {
 		t.Fatal(err)
 	}
-	n := int64(st.Bfree) * st.Bsize
+	n := int64(st.Bfree) * int64(st.Bsize)
 	for ; n > 0; n -= 1 << 20 {
 		if err := syscall.Fallocate(int(f.Fd()), 0, 0, n); err == nil {
 			break

@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pojntfx/go-nbd/pkg/ioctl"
 	"github.com/urfave/cli/v2"
 
 	"github.com/rnic-dev/rnic/cmd/internal/clix"
@@ -237,17 +236,20 @@ func attachCommand() *cli.Command {
 	}
 }
 
-// The Linux NBD driver's ioctls (linux/nbd.h: _IO(0xab, n)). go-nbd's
-// pkg/ioctl names most of them; NBD_SET_FLAGS it lacks.
+// The Linux NBD driver's ioctls: linux/nbd.h defines NBD_X as _IO(0xab, n),
+// whose encoding (ioIONone) depends on the architecture. They are spelled
+// out here rather than taken from go-nbd's pkg/ioctl, which has them for
+// amd64 or through cgo only, so that rinit cross-compiles (arm64 servers)
+// and builds with CGO_ENABLED=0 everywhere.
 const (
-	nbdSetSock       = ioctl.NEGOTIATION_IOCTL_SET_SOCK
-	nbdSetBlockSize  = ioctl.NEGOTIATION_IOCTL_SET_BLOCKSIZE
-	nbdSetSizeBlocks = ioctl.NEGOTIATION_IOCTL_SET_SIZE_BLOCKS
-	nbdDoIt          = ioctl.NEGOTIATION_IOCTL_DO_IT
-	nbdClearSock     = ioctl.TRANSMISSION_IOCTL_CLEAR_SOCK
-	nbdClearQueue    = ioctl.TRANSMISSION_IOCTL_CLEAR_QUE
-	nbdDisconnect    = ioctl.TRANSMISSION_IOCTL_DISCONNECT
-	nbdSetFlags      = 0xab0a
+	nbdSetSock       = ioIONone | 0xab<<8 | 0
+	nbdSetBlockSize  = ioIONone | 0xab<<8 | 1
+	nbdDoIt          = ioIONone | 0xab<<8 | 3
+	nbdClearSock     = ioIONone | 0xab<<8 | 4
+	nbdClearQueue    = ioIONone | 0xab<<8 | 5
+	nbdSetSizeBlocks = ioIONone | 0xab<<8 | 7
+	nbdDisconnect    = ioIONone | 0xab<<8 | 8
+	nbdSetFlags      = ioIONone | 0xab<<8 | 10
 	attachBlockSize  = 4096
 )
 

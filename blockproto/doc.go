@@ -284,7 +284,8 @@
 // still outstanding get no answer and the QP closes. The initiator may
 // reconnect and replay them. Value 1 (GoodbyeSynced): the target flushed
 // after the last answer it sent, so every write acknowledged on the
-// session is durable.
+// session is durable. A target shutting down while a QP logs in may send
+// GOODBYE in place of WELCOME: the login failed, and may be retried.
 //
 // Write grants are per QP. The target keeps at most C of them outstanding
 // on a QP and tops the initiator up through RESPONSEs, READYs and DATAs; a

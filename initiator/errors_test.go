@@ -158,3 +158,32 @@ func TestLockWaitKeepsBothCauses(t *testing.T) {
 		t.Fatalf("Lock held by a: %v; want the deadline and ErrLocked naming a", err)
 	}
 }
+
+// TestGoodbyeDuringLogin: a target shutting down may say GOODBYE on a QP
+// it took into a session before that QP's WELCOME left. The login fails
+// with the target's status (shutdown), which a reconnect retries, not
+// with a protocol error, which would end the client's reconnecting.
+func TestGoodbyeDuringLogin(t *testing.T) {
+	addr := fakeTarget(t, func(_ *endpoint.Endpoint, recv func() []byte, send func([]byte)) {
+		recv() // LOGIN
+		nonce, _ := blockproto.NewNonce()
+		send(bytes.Clone(blockproto.EncodeChallenge(make([]byte, blockproto.MaxMessage), &nonce)))
+		recv() // PROOF
+		var r [blockproto.ResponseFixedLen]byte
+		bye, err := blockproto.EncodeResponse(r[:], &blockproto.ResponseFields{Op: blockproto.OpGoodbye,
+			Status: blockproto.StatusShutdown, Value: blockproto.GoodbyeSynced})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		send(bye)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := initiator.Connect(ctx, initiator.Config{Addr: addr, Volume: "v", Initiator: "i", Secret: testSecret,
+		Logger: logger(), QPs: 1, NoReconnect: true})
+	var le *initiator.LoginError
+	if errors.Is(err, initiator.ErrProtocol) || !errors.As(err, &le) || le.Status != blockproto.StatusShutdown {
+		t.Fatalf("Connect answered by GOODBYE: %v; want a *LoginError with status shutdown, no ErrProtocol", err)
+	}
+}

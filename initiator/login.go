@@ -167,6 +167,18 @@ func (q *conn) waitLoginMsg(ctx context.Context) ([]byte, error) {
 		}
 		return nil, &LoginError{Status: r.Status(), Detail: string(r.Detail())}
 	}
+	// A GOODBYE: the target is shutting down, and a QP its session had
+	// taken in (after PROOF) is told so, maybe before its WELCOME left. It
+	// is no protocol error: the login fails with the target's status
+	// (shutdown), which a reconnect retries, as it retries a refused
+	// connection while the target restarts.
+	if _, op, ok := blockproto.PeekOpcode(msg); ok && op == blockproto.OpGoodbye {
+		r, err := blockproto.ParseResponse(msg)
+		if err != nil {
+			return nil, fmt.Errorf("%w: bad GOODBYE: %w", ErrProtocol, err)
+		}
+		return nil, &LoginError{Status: r.Status(), Detail: string(r.Detail())}
+	}
 	if err := q.Repost(int(wc.ID)); err != nil {
 		return nil, err
 	}

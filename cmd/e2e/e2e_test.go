@@ -51,6 +51,15 @@ func bins(t *testing.T) (rtarget, rinit string) {
 	return filepath.Join(binDir, "rtarget"), filepath.Join(binDir, "rinit")
 }
 
+// removeBins removes the directory bins built into (with rtarget-ceph, in
+// the ceph build): each test process builds anew, and the directory
+// outlives every test, so TestMain removes it after the run.
+func removeBins() {
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+}
+
 func needTools(t *testing.T, names ...string) {
 	t.Helper()
 	for _, n := range names {

@@ -23,7 +23,11 @@ import (
 
 var cephConf string
 
-func TestMain(m *testing.M) { os.Exit(cephtest.Main(m, &cephConf)) }
+func TestMain(m *testing.M) {
+	code := cephtest.Main(m, &cephConf)
+	removeBins()
+	os.Exit(code)
+}
 
 var (
 	cephBuildOnce sync.Once

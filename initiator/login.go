@@ -158,24 +158,17 @@ func (q *conn) waitLoginMsg(ctx context.Context) ([]byte, error) {
 		return nil, fmt.Errorf("%w: unexpected completion %v during login", ErrProtocol, wc.Op)
 	}
 	msg := append([]byte(nil), q.Received(wc)...)
-	// A REJECT first: the target closes right after it, so reposting the
-	// receive may already fail, and the REJECT is the error that matters.
-	if _, op, ok := blockproto.PeekOpcode(msg); ok && op == blockproto.OpReject {
-		r, err := blockproto.ParseResponse(msg)
-		if err != nil {
-			return nil, fmt.Errorf("%w: bad REJECT: %w", ErrProtocol, err)
-		}
-		return nil, &LoginError{Status: r.Status(), Detail: string(r.Detail())}
-	}
-	// A GOODBYE: the target is shutting down, and a QP its session had
-	// taken in (after PROOF) is told so, maybe before its WELCOME left. It
-	// is no protocol error: the login fails with the target's status
-	// (shutdown), which a reconnect retries, as it retries a refused
+	// A REJECT or a GOODBYE first: the target closes right after either,
+	// so reposting the receive may already fail, and the refusal is the
+	// error that matters. A GOODBYE comes from a target shutting down, on
+	// a QP its session had taken in (after PROOF) before its WELCOME left:
+	// no protocol error, but a login failed with the target's status
+	// (shutdown), which a reconnect retries as it retries a refused
 	// connection while the target restarts.
-	if _, op, ok := blockproto.PeekOpcode(msg); ok && op == blockproto.OpGoodbye {
+	if _, op, ok := blockproto.PeekOpcode(msg); ok && (op == blockproto.OpReject || op == blockproto.OpGoodbye) {
 		r, err := blockproto.ParseResponse(msg)
 		if err != nil {
-			return nil, fmt.Errorf("%w: bad GOODBYE: %w", ErrProtocol, err)
+			return nil, fmt.Errorf("%w: bad %s: %w", ErrProtocol, op, err)
 		}
 		return nil, &LoginError{Status: r.Status(), Detail: string(r.Detail())}
 	}

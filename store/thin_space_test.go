@@ -189,7 +189,7 @@ func TestThinBallast(t *testing.T) {
 	if held() == 0 {
 		// The store's once-a-second check saw the file system fill
 		// and let the ballast go before the loop ended, and the loop
-		// took its blocks too (one run in a few dozen under load).
+		// took its blocks too (one -race run in three, under load).
 		// The state this test is about is that of a program that
 		// stopped just short of that: it gives them back.
 		st, err := os.Stat(other)

@@ -5,11 +5,14 @@
 package loopfs
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // Ext4 mounts a new ext4 file system of size bytes and returns its mount
@@ -19,13 +22,70 @@ import (
 // be done: not root, or no mkfs.ext4 (make deps installs e2fsprogs).
 func Ext4(t testing.TB, size int64) string {
 	t.Helper()
+	return mount(t, size, "mkfs.ext4", "-q", "-F", "-m", "0").Dir
+}
+
+// Ext4FS is Ext4 for a test that also cuts the power of the file system
+// (FS.PowerCut).
+func Ext4FS(t testing.TB, size int64) *FS {
+	t.Helper()
 	return mount(t, size, "mkfs.ext4", "-q", "-F", "-m", "0")
+}
+
+// FS is a mounted loop file system.
+type FS struct {
+	Dir string // the mount point
+	img string
+}
+
+// PowerCut stops the file system as a power failure would, with the
+// FS_IOC_SHUTDOWN ioctl (what xfstests' godown does) and
+// FS_SHUTDOWN_FLAGS_NOLOGFLUSH: neither dirty data nor the journal's last
+// transactions reach the device, and from then on every read, write and
+// sync of the file system fails with EIO. What a program had made durable
+// (fsync, fdatasync, O_SYNC) is on the device; anything else may be lost.
+// The programs using the file system must be stopped before Remount.
+func (f *FS) PowerCut() error {
+	fd, err := unix.Open(f.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("power cut of %s: %w", f.Dir, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.IoctlSetPointerInt(fd, fsIOCShutdown, fsShutdownNoLogFlush); err != nil {
+		return fmt.Errorf("power cut of %s: FS_IOC_SHUTDOWN: %w", f.Dir, err)
+	}
+	return nil
+}
+
+// The shutdown ioctl of linux/fs.h (_IOR('X', 125, __u32), EXT4_IOC_SHUTDOWN
+// and XFS_IOC_GOINGDOWN before it was generic) and its flag.
+const (
+	fsIOCShutdown        = 0x8004587d
+	fsShutdownNoLogFlush = 2
+)
+
+// Remount unmounts the file system and mounts it again, as a machine does
+// after a power failure: the mount replays the journal.
+func (f *FS) Remount() error {
+	if out, err := exec.Command("umount", f.Dir).CombinedOutput(); err != nil {
+		return fmt.Errorf("umount %s: %w\n%s", f.Dir, err, out)
+	}
+	if out, err := exec.Command("mount", "-o", "loop", f.img, f.Dir).CombinedOutput(); err != nil {
+		return fmt.Errorf("mount %s: %w\n%s", f.img, err, out)
+	}
+	return nil
 }
 
 // XFS is Ext4 for an XFS file system (at least 300 MiB: mkfs.xfs makes no
 // smaller one; make deps installs xfsprogs). It also skips the test on a
 // kernel without XFS.
 func XFS(t testing.TB, size int64) string {
+	t.Helper()
+	return XFSFS(t, size).Dir
+}
+
+// XFSFS is XFS for a test that also cuts the power of the file system.
+func XFSFS(t testing.TB, size int64) *FS {
 	t.Helper()
 	if !kernelHas("xfs") {
 		exec.Command("modprobe", "xfs").Run() // absent or built in: kernelHas says
@@ -53,7 +113,7 @@ func kernelHas(fs string) bool {
 
 // mount makes a file system of size bytes in a file with mkfs (its
 // arguments before the image's path) and mounts it.
-func mount(t testing.TB, size int64, mkfs ...string) string {
+func mount(t testing.TB, size int64, mkfs ...string) *FS {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to mount a loop file system")
@@ -88,5 +148,5 @@ func mount(t testing.TB, size int64, mkfs ...string) string {
 			t.Errorf("umount %s: %v\n%s", mnt, err, out)
 		}
 	})
-	return mnt
+	return &FS{Dir: mnt, img: img}
 }

@@ -140,7 +140,12 @@
 // directory: badger v4.9.6's db.Sync covers only the mutable memtable's
 // WAL and never syncs its directory). So a map entry never becomes durable
 // before the data it points at, no change is ever durable in part, and a
-// flushed or FUA write survives kill -9 and power loss. Concurrent callers
+// flushed or FUA write survives kill -9 and power loss (cmd/e2e's
+// TestCrashConsistency kills rtarget; TestPowerLoss shuts its file system
+// down as a power cut would, losing what was not synced). A failed sync
+// fails the store: it refuses changes until it is reopened, since the
+// kernel may have dropped the pages it could not write and a later sync
+// would succeed without them. Concurrent callers
 // share commits: N concurrent FUA writes cost about two. A commit syncs
 // the data files before it takes the metadata lock, so a catalog change (a
 // snapshot, a volume created) commits its own small transaction meanwhile
@@ -243,6 +248,9 @@
 // (fallocate; zeros written where that is not supported), BlockStatus
 // comes from SEEK_DATA/SEEK_HOLE. Its size is the file's; it has no
 // snapshots (ErrNotSupported); deleting it forgets it and leaves the file.
+// After an fdatasync of its file failed, it refuses writes and flushes
+// until the store is reopened, as the thin store does after a failed sync
+// of its own.
 //
 // # Integrity
 //

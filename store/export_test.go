@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 )
 
@@ -46,4 +47,17 @@ func DisableRecordCache(s Store) {
 // window of clusters at a time from n snapshots on (n = 1: always).
 func SetViewWindowFrom(s Store, n int) {
 	s.(*volumeStore).be.(*thinBackend).viewFrom.Store(int64(n))
+}
+
+// FailRawSyncOnce makes the next fdatasync of a raw volume of the thin
+// store s fail with err, as a device's write error would.
+func FailRawSyncOnce(s Store, err error) {
+	var once atomic.Bool
+	hook := func() error {
+		if once.CompareAndSwap(false, true) {
+			return err
+		}
+		return nil
+	}
+	s.(*volumeStore).be.(*thinBackend).rawSyncHook.Store(&hook)
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -126,11 +127,22 @@ type rawDevice struct {
 	id      uint32
 	handles int // thinBackend.volsMu
 
+	name   string
 	f      *os.File
 	fd     int
 	n      uint64 // blocks
 	device bool   // a block device, not a regular file
 	locks  clusterLocks
+
+	// failed is the first fdatasync that failed. The kernel may have
+	// dropped the pages it could not write, and it reports a write-back
+	// error to each open file once: a later fdatasync can succeed with
+	// writes acknowledged before it lost (PostgreSQL's "fsyncgate"). No
+	// flush can promise durability after that, so the volume refuses
+	// writes and flushes from then on, until the store is reopened (the
+	// thin store does the same for its own data files, thinBackend.fail).
+	// Reads go on.
+	failed atomic.Pointer[error]
 }
 
 // rawLockBlocks is the unit of rawDevice's request locks.
@@ -153,7 +165,11 @@ func (b *thinBackend) openRaw(rec *thinRecord) (*rawDevice, error) {
 		return nil, err
 	}
 	fi, _ := f.Stat()
-	d := &rawDevice{b: b, id: rec.ID, handles: 1, f: f, fd: int(f.Fd()), n: uint64(size) / BlockSize, device: !fi.Mode().IsRegular()}
+	d := &rawDevice{b: b, id: rec.ID, handles: 1, name: rec.Name, f: f, fd: int(f.Fd()), n: uint64(size) / BlockSize,
+		device: !fi.Mode().IsRegular()}
+	if p := b.rawFailed[rec.ID]; p != nil {
+		d.failed.Store(p)
+	}
 	b.raws[rec.ID] = d
 	return d, nil
 }
@@ -209,7 +225,7 @@ func (d *rawDevice) stripe(lba uint64, n int) *sync.RWMutex {
 // file, which is its own business).
 func (d *rawDevice) tryWrite(lba uint64, src []byte) bool {
 	l := d.stripe(lba, len(src))
-	if l == nil || !l.TryLock() {
+	if l == nil || d.failed.Load() != nil || !l.TryLock() {
 		return false
 	}
 	defer l.Unlock()
@@ -232,6 +248,9 @@ func (d *rawDevice) pwrite(src []byte, pos int64) error {
 }
 
 func (d *rawDevice) write(ctx context.Context, lba uint64, src []byte, fua bool) error {
+	if err := d.checkFailed(); err != nil {
+		return err
+	}
 	l := d.lock(lba, uint64(len(src))/BlockSize, true)
 	err := d.pwrite(src, int64(lba)*BlockSize)
 	l.unlock()
@@ -242,6 +261,9 @@ func (d *rawDevice) write(ctx context.Context, lba uint64, src []byte, fua bool)
 }
 
 func (d *rawDevice) discard(ctx context.Context, lba, count uint64, fua bool) error {
+	if err := d.checkFailed(); err != nil {
+		return err
+	}
 	l := d.lock(lba, count, true)
 	pos, n := int64(lba)*BlockSize, int64(count)*BlockSize
 	err := unix.Fallocate(d.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, pos, n)
@@ -275,8 +297,43 @@ func (d *rawDevice) writeZeros(pos, n int64) error {
 }
 
 func (d *rawDevice) flush(context.Context) error {
-	if err := unix.Fdatasync(d.fd); err != nil {
-		return fmt.Errorf("raw fdatasync: %w", err)
+	if err := d.checkFailed(); err != nil {
+		return err
+	}
+	if err := d.b.rawSync(d.fd); err != nil {
+		return d.fail(fmt.Errorf("raw fdatasync: %w", err))
+	}
+	return nil
+}
+
+// rawSync fdatasyncs a raw volume's file descriptor fd.
+func (b *thinBackend) rawSync(fd int) error {
+	if h := b.rawSyncHook.Load(); h != nil {
+		if err := (*h)(); err != nil {
+			return err
+		}
+	}
+	return unix.Fdatasync(fd)
+}
+
+// fail records the failure of an fdatasync (see rawDevice.failed).
+func (d *rawDevice) fail(err error) error {
+	if d.failed.CompareAndSwap(nil, &err) {
+		d.b.volsMu.Lock()
+		d.b.rawFailed[d.id] = &err
+		d.b.volsMu.Unlock()
+		d.b.log.Error("a raw volume's data may be lost: it refuses writes and flushes until the store is reopened",
+			"volume", d.name, "err", err)
+	}
+	return d.checkFailed()
+}
+
+// checkFailed returns the error of a write or flush after a failed
+// fdatasync.
+func (d *rawDevice) checkFailed() error {
+	if p := d.failed.Load(); p != nil {
+		return fmt.Errorf("an earlier fdatasync of the raw volume failed, writes to it may be lost; "+
+			"it refuses writes and flushes until the store is reopened: %w", *p)
 	}
 	return nil
 }

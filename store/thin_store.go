@@ -73,6 +73,12 @@ type thinBackend struct {
 	volsMu sync.Mutex
 	vols   map[uint32]*thinVol // volumes with open handles, by id
 	raws   map[uint32]*rawDevice
+	// rawFailed keeps the failure of a raw volume's fdatasync (see
+	// rawDevice.failed) while no handle holds its rawDevice.
+	rawFailed map[uint32]*error
+	// rawSyncHook, when set (by tests only), runs before a raw volume's
+	// fdatasync, and fails it when it returns an error.
+	rawSyncHook atomic.Pointer[func() error]
 
 	allocMu sync.Mutex
 	avail   rangeSet // free clusters that may be handed out
@@ -153,16 +159,17 @@ func openThinBackend(dir string, opts ThinOptions) (*thinBackend, error) {
 		return nil, fmt.Errorf("badger: %w", err)
 	}
 	b := &thinBackend{
-		dir:    dir,
-		opts:   opts,
-		log:    opts.Logger.With("component", "store", "dir", dir),
-		db:     db,
-		lock:   lock,
-		vols:   make(map[uint32]*thinVol),
-		raws:   make(map[uint32]*rawDevice),
-		done:   make(chan struct{}),
-		wbDone: make(chan struct{}),
-		kick:   make(chan struct{}, 1),
+		dir:       dir,
+		opts:      opts,
+		log:       opts.Logger.With("component", "store", "dir", dir),
+		db:        db,
+		lock:      lock,
+		vols:      make(map[uint32]*thinVol),
+		raws:      make(map[uint32]*rawDevice),
+		rawFailed: make(map[uint32]*error),
+		done:      make(chan struct{}),
+		wbDone:    make(chan struct{}),
+		kick:      make(chan struct{}, 1),
 	}
 	if err := b.start(); err != nil {
 		errs := []error{err, db.Close(), lock.unlock()}

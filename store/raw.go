@@ -134,6 +134,10 @@ type rawDevice struct {
 	device bool   // a block device, not a regular file
 	locks  clusterLocks
 
+	// dirty: written since the last fdatasync began. A write sets it once
+	// its bytes are in the page cache, so that a sync that cleared it
+	// before the write got there is followed by another.
+	dirty atomic.Bool
 	// failed is the first fdatasync that failed. The kernel may have
 	// dropped the pages it could not write, and it reports a write-back
 	// error to each open file once: a later fdatasync can succeed with
@@ -176,14 +180,32 @@ func (b *thinBackend) openRaw(rec *thinRecord) (*rawDevice, error) {
 
 func (d *rawDevice) blocks() uint64 { return d.n }
 
+// release drops a handle. The last one closes the file, after an
+// fdatasync of what was written since the last: Store.Sync makes durable
+// what the open raw volumes hold (thinBackend.sync), so a volume no handle
+// holds must have nothing left to sync. The fdatasync is made before
+// volsMu is taken, which other volumes' opens wait for; only a release
+// that raced another to be the last syncs under it.
 func (d *rawDevice) release() error {
+	d.b.volsMu.Lock()
+	last := d.handles == 1
+	d.b.volsMu.Unlock()
+	var errSync error
+	if last && d.dirty.Load() && d.failed.Load() == nil {
+		errSync = d.flush(context.Background())
+	}
 	d.b.volsMu.Lock()
 	defer d.b.volsMu.Unlock()
 	if d.handles--; d.handles > 0 {
-		return nil
+		return errSync
 	}
 	delete(d.b.raws, d.id)
-	return d.f.Close()
+	if d.dirty.Load() && d.failed.Load() == nil {
+		if err := d.sync(); err != nil {
+			errSync = d.failLocked(err)
+		}
+	}
+	return errors.Join(errSync, d.f.Close())
 }
 
 func (d *rawDevice) lock(lba, count uint64, excl bool) lockedClusters {
@@ -234,6 +256,7 @@ func (d *rawDevice) tryWrite(lba uint64, src []byte) bool {
 
 // pwrite writes all of src at byte pos.
 func (d *rawDevice) pwrite(src []byte, pos int64) error {
+	defer d.dirty.Store(true) // also after a partial write
 	for len(src) > 0 {
 		n, err := unix.Pwrite(d.fd, src, pos)
 		if errors.Is(err, unix.EINTR) {
@@ -270,6 +293,7 @@ func (d *rawDevice) discard(ctx context.Context, lba, count uint64, fua bool) er
 	if err != nil && (errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTSUP)) {
 		err = d.writeZeros(pos, n)
 	}
+	d.dirty.Store(true)
 	l.unlock()
 	if err != nil {
 		return fmt.Errorf("raw discard at %d (%d bytes): %w", pos, n, err)
@@ -300,8 +324,20 @@ func (d *rawDevice) flush(context.Context) error {
 	if err := d.checkFailed(); err != nil {
 		return err
 	}
+	if err := d.sync(); err != nil {
+		d.b.volsMu.Lock()
+		defer d.b.volsMu.Unlock()
+		return d.failLocked(err)
+	}
+	return nil
+}
+
+// sync fdatasyncs the file.
+func (d *rawDevice) sync() error {
+	d.dirty.Store(false)
 	if err := d.b.rawSync(d.fd); err != nil {
-		return d.fail(fmt.Errorf("raw fdatasync: %w", err))
+		d.dirty.Store(true)
+		return fmt.Errorf("raw fdatasync: %w", err)
 	}
 	return nil
 }
@@ -316,12 +352,11 @@ func (b *thinBackend) rawSync(fd int) error {
 	return unix.Fdatasync(fd)
 }
 
-// fail records the failure of an fdatasync (see rawDevice.failed).
-func (d *rawDevice) fail(err error) error {
+// failLocked records the failure of an fdatasync (see rawDevice.failed);
+// volsMu is held.
+func (d *rawDevice) failLocked(err error) error {
 	if d.failed.CompareAndSwap(nil, &err) {
-		d.b.volsMu.Lock()
 		d.b.rawFailed[d.id] = &err
-		d.b.volsMu.Unlock()
 		d.b.log.Error("a raw volume's data may be lost: it refuses writes and flushes until the store is reopened",
 			"volume", d.name, "err", err)
 	}

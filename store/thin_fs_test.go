@@ -3,8 +3,12 @@ package store_test
 import (
 	"bytes"
 	"context"
+	"log/slog"
+	"os"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -132,5 +136,164 @@ func TestThinOnXFS(t *testing.T) {
 					grew, opts.ClusterSize)
 			}
 		})
+	}
+}
+
+// TestCloseOnDeadFileSystem: a thin store whose file system died (shut
+// down as by a power cut: every I/O fails with EIO) fails its writes and
+// flushes and still closes, with an error. badger retries the flush of a
+// memtable forever, once a second, so a close that waited for it never
+// returned, and rtarget hung on SIGTERM.
+func TestCloseOnDeadFileSystem(t *testing.T) {
+	fs := loopfs.Ext4FS(t, 256<<20)
+	ctx := context.Background()
+	// The database left open goes on retrying its flush until the test
+	// binary exits: its log goes to the test's while it runs, then nowhere.
+	var logs testLog
+	t.Cleanup(logs.stop)
+	logs.t = t
+	s, err := store.OpenThin(filepath.Join(fs.Dir, "store"), store.ThinOptions{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateVolume(ctx, "v", 64<<20, store.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.OpenVolume(ctx, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := bytes.Repeat([]byte{0x5a}, 1<<20)
+	for i := range 8 { // map changes in badger's memtable
+		if err := v.WriteBlocks(ctx, uint64(i)*512, buf[:64<<10], false); err != nil {
+			t.Fatal(err)
+		}
+		if err := v.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fs.PowerCut(); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.WriteBlocks(ctx, 8<<10, buf, true); err == nil {
+		t.Fatal("a FUA write on a dead file system succeeded")
+	}
+	if err := v.Flush(ctx); err == nil {
+		t.Fatal("a flush on a dead file system succeeded")
+	}
+	closed := make(chan error, 1)
+	go func() {
+		v.Close()
+		closed <- s.Close()
+	}()
+	select {
+	case err := <-closed:
+		if err == nil {
+			t.Fatal("the store closed without an error on a dead file system")
+		}
+		t.Logf("close: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the store did not close within 30 s of its file system dying")
+	}
+}
+
+// testLog is an io.Writer that logs to its test until stop.
+type testLog struct {
+	mu sync.Mutex
+	t  *testing.T
+}
+
+func (l *testLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.t != nil {
+		l.t.Logf("%s", bytes.TrimSuffix(p, []byte("\n")))
+	}
+	return len(p), nil
+}
+
+func (l *testLog) stop() {
+	l.mu.Lock()
+	l.t = nil
+	l.mu.Unlock()
+}
+
+// TestRawSyncAndClose: Store.Sync makes what the open raw volumes were
+// written durable, and closing a raw volume's last handle syncs it: after
+// a power cut of the file system that holds the raw file (the store's own
+// directory elsewhere) the blocks written before either are there; a block
+// written after the last sync, through a handle still open at the cut, is
+// not (the cut is a real one), and that handle's close reports the sync
+// it could not make.
+func TestRawSyncAndClose(t *testing.T) {
+	fs := loopfs.Ext4FS(t, 256<<20)
+	ctx := context.Background()
+	img := filepath.Join(fs.Dir, "raw.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	unix.Sync() // the file itself is durable
+	dir := t.TempDir()
+	s, err := store.OpenThin(dir, store.ThinOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateVolume(ctx, "r", 0, store.CreateOptions{Raw: img}); err != nil {
+		t.Fatal(err)
+	}
+	block := func(b byte) []byte { return bytes.Repeat([]byte{b}, store.BlockSize) }
+	write := func(v store.Volume, lba uint64, b byte) {
+		t.Helper()
+		if err := v.WriteBlocks(ctx, lba, block(b), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v1, err := s.OpenVolume(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2, err := s.OpenVolume(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(v1, 0, 0xa1)
+	if err := s.Sync(ctx); err != nil {
+		t.Fatalf("store sync: %v", err)
+	}
+	write(v1, 1, 0xb2)
+	if err := v1.Close(); err != nil { // not the last handle
+		t.Fatal(err)
+	}
+	if err := v2.Close(); err != nil { // the last: syncs block 1
+		t.Fatal(err)
+	}
+	v3, err := s.OpenVolume(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(v3, 2, 0xc3) // never synced
+	if err := fs.PowerCut(); err != nil {
+		t.Fatal(err)
+	}
+	if err := v3.Close(); err == nil {
+		t.Error("closing the last handle after the power cut reported no error (its sync cannot succeed)")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.Remount(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for lba, want := range [][]byte{block(0xa1), block(0xb2), block(0)} {
+		if b := got[lba*store.BlockSize : (lba+1)*store.BlockSize]; !bytes.Equal(b, want) {
+			t.Errorf("block %d after the power cut holds %#x..., want %#x", lba, b[0], want[0])
+		}
 	}
 }

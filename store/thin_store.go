@@ -536,7 +536,29 @@ func (b *thinBackend) maintain(ctx context.Context) {
 // Syncs implements Syncer: the commits done so far.
 func (b *thinBackend) Syncs() uint64 { return uint64(b.syncs.Load()) }
 
-func (b *thinBackend) sync(ctx context.Context) error { return b.committer.Sync(ctx) }
+// sync makes what the thin volumes and the open raw volumes were written
+// durable (a raw volume no handle holds was synced when the last went).
+func (b *thinBackend) sync(ctx context.Context) error {
+	err := b.committer.Sync(ctx)
+	b.volsMu.Lock()
+	raws := make([]*rawDevice, 0, len(b.raws))
+	for _, d := range b.raws {
+		d.handles++ // kept open while it syncs
+		raws = append(raws, d)
+	}
+	b.volsMu.Unlock()
+	for _, d := range raws {
+		if d.dirty.Load() || d.failed.Load() != nil {
+			if ferr := d.flush(ctx); ferr != nil {
+				err = errors.Join(err, fmt.Errorf("raw volume %q: %w", d.name, ferr))
+			}
+		}
+		if rerr := d.release(); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("raw volume %q: %w", d.name, rerr))
+		}
+	}
+	return err
+}
 
 func (b *thinBackend) close() error {
 	b.stop()
@@ -551,13 +573,44 @@ func (b *thinBackend) close() error {
 		}
 	}
 	errPool := b.pool.close()
-	errDB := b.db.Close()
+	errDB := b.closeDB(errCommit != nil || errMark != nil || b.failed.Load() != nil)
 	errLock := b.lock.unlock()
 	if err := errors.Join(errCommit, errMark, errPool, errDB, errLock); err != nil {
 		return fmt.Errorf("close %s: %w", b.dir, err)
 	}
 	return nil
 }
+
+// closeDB closes the metadata database. badger's Close writes its memtable
+// out as a table, and retries that forever, once a second, when it fails:
+// on a file system that died (EIO) it never returns. So closeDB waits at
+// most closeDBWait for it (closeDBFailWait when failed: a sync or commit
+// of the store failed, so that it most likely cannot), then returns an
+// error and leaves the database as a crash would: its files stay locked
+// until the process exits, and the next open replays its log.
+func (b *thinBackend) closeDB(failed bool) error {
+	done := make(chan error, 1)
+	go func() { done <- b.db.Close() }()
+	wait := closeDBWait
+	if failed {
+		wait = closeDBFailWait
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return fmt.Errorf("the metadata database did not close within %s (left as after a crash: the next open recovers it)", wait)
+	}
+}
+
+// How long closeDB waits for badger: a close that writes out a full
+// memtable (64 MiB) on a slow disk takes seconds.
+const (
+	closeDBWait     = 30 * time.Second
+	closeDBFailWait = 2 * time.Second
+)
 
 // checkFailed returns the error of a failed commit, after which the store
 // refuses changes.

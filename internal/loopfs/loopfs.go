@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -36,6 +37,7 @@ func Ext4FS(t testing.TB, size int64) *FS {
 type FS struct {
 	Dir string // the mount point
 	img string
+	cut atomic.Bool // PowerCut and no Remount since
 }
 
 // PowerCut stops the file system as a power failure would, with the
@@ -54,6 +56,7 @@ func (f *FS) PowerCut() error {
 	if err := unix.IoctlSetPointerInt(fd, fsIOCShutdown, fsShutdownNoLogFlush); err != nil {
 		return fmt.Errorf("power cut of %s: FS_IOC_SHUTDOWN: %w", f.Dir, err)
 	}
+	f.cut.Store(true)
 	return nil
 }
 
@@ -73,6 +76,7 @@ func (f *FS) Remount() error {
 	if out, err := exec.Command("mount", "-o", "loop", f.img, f.Dir).CombinedOutput(); err != nil {
 		return fmt.Errorf("mount %s: %w\n%s", f.img, err, out)
 	}
+	f.cut.Store(false)
 	return nil
 }
 
@@ -143,10 +147,19 @@ func mount(t testing.TB, size int64, mkfs ...string) *FS {
 			t.Fatalf("%s: %v\n%s", strings.Join(cmd, " "), err, out)
 		}
 	}
+	fs := &FS{Dir: mnt, img: img}
 	t.Cleanup(func() {
-		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+		out, err := exec.Command("umount", mnt).CombinedOutput()
+		if err != nil && fs.cut.Load() {
+			// The test's process may hold files of the dead file
+			// system still (what a test of it leaves, as a crash
+			// would): detach it now, the kernel unmounts it when they
+			// close, at the latest at the process's exit.
+			out, err = exec.Command("umount", "--lazy", mnt).CombinedOutput()
+		}
+		if err != nil {
 			t.Errorf("umount %s: %v\n%s", mnt, err, out)
 		}
 	})
-	return &FS{Dir: mnt, img: img}
+	return fs
 }

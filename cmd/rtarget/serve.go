@@ -179,7 +179,7 @@ func reloadVolumes(ctx context.Context, c *cli.Context, st store.Store, given []
 
 // runServe is rtarget serve; given are the --volume values of the command
 // line and RTARGET_VOLUME (without the config file's).
-func runServe(c *cli.Context, given []string) error {
+func runServe(c *cli.Context, given []string) (err error) {
 	log, err := clix.Logger(c, os.Stderr)
 	if err != nil {
 		return err
@@ -217,8 +217,10 @@ func runServe(c *cli.Context, given []string) error {
 		return err
 	}
 	defer func() {
-		if err := st.Close(); err != nil {
-			log.Error("closing the store", "err", err)
+		// A store that does not close cleanly (its file system died) makes
+		// the exit status an error, as a failed sync does.
+		if cerr := st.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("close the store: %w", cerr))
 		}
 	}()
 	if _, err := ensureVolumes(ctx, st, specs, log); err != nil {

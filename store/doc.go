@@ -143,9 +143,11 @@
 // flushed or FUA write survives kill -9 and power loss (cmd/e2e's
 // TestCrashConsistency kills rtarget; TestPowerLoss shuts its file system
 // down as a power cut would, losing what was not synced). A failed sync
-// fails the store: it refuses changes until it is reopened, since the
-// kernel may have dropped the pages it could not write and a later sync
-// would succeed without them. Concurrent callers
+// (of the data files or of the database) fails the store: it refuses
+// changes until it is reopened, since the kernel may have dropped the
+// pages it could not write and reports that to an open file once, so a
+// later sync, or one beside it on the same file, would succeed without
+// them; the syncs of each file therefore run one at a time. Concurrent callers
 // share commits: N concurrent FUA writes cost about two. A commit syncs
 // the data files before it takes the metadata lock, so a catalog change (a
 // snapshot, a volume created) commits its own small transaction meanwhile
@@ -248,9 +250,11 @@
 // (fallocate; zeros written where that is not supported), BlockStatus
 // comes from SEEK_DATA/SEEK_HOLE. Its size is the file's; it has no
 // snapshots (ErrNotSupported); deleting it forgets it and leaves the file.
-// After an fdatasync of its file failed, it refuses writes and flushes
-// until the store is reopened, as the thin store does after a failed sync
-// of its own.
+// Its fdatasyncs run one at a time, shared by the flushes that wait for
+// one (N concurrent FUA writes cost about two), and Store.Sync and the
+// close of its last handle sync what it was written since. After an
+// fdatasync failed, it refuses writes and flushes until the store is
+// reopened, as the thin store does after a failed sync of its own.
 //
 // # Integrity
 //

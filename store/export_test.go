@@ -53,11 +53,29 @@ func SetViewWindowFrom(s Store, n int) {
 // store s fail with err, as a device's write error would.
 func FailRawSyncOnce(s Store, err error) {
 	var once atomic.Bool
-	hook := func() error {
+	SetRawSyncHook(s, func() error {
+		if once.CompareAndSwap(false, true) {
+			return err
+		}
+		return nil
+	})
+}
+
+// SetRawSyncHook makes fn run before each fdatasync of a raw volume of the
+// thin store s; an error from fn fails the fdatasync.
+func SetRawSyncHook(s Store, fn func() error) {
+	s.(*volumeStore).be.(*thinBackend).rawSyncHook.Store(&fn)
+}
+
+// FailMetaSyncOnce makes the next sync of the thin store s's metadata
+// database fail with err.
+func FailMetaSyncOnce(s Store, err error) {
+	var once atomic.Bool
+	fn := func() error {
 		if once.CompareAndSwap(false, true) {
 			return err
 		}
 		return nil
 	}
-	s.(*volumeStore).be.(*thinBackend).rawSyncHook.Store(&hook)
+	s.(*volumeStore).be.(*thinBackend).syncMetaHook.Store(&fn)
 }

@@ -134,6 +134,7 @@ type rawDevice struct {
 	device bool   // a block device, not a regular file
 	locks  clusterLocks
 
+	syncs *syncGroup // fdatasyncs, one at a time (flush)
 	// dirty: written since the last fdatasync began. A write sets it once
 	// its bytes are in the page cache, so that a sync that cleared it
 	// before the write got there is followed by another.
@@ -171,6 +172,7 @@ func (b *thinBackend) openRaw(rec *thinRecord) (*rawDevice, error) {
 	fi, _ := f.Stat()
 	d := &rawDevice{b: b, id: rec.ID, handles: 1, name: rec.Name, f: f, fd: int(f.Fd()), n: uint64(size) / BlockSize,
 		device: !fi.Mode().IsRegular()}
+	d.syncs = newSyncGroup(d.syncRound)
 	if p := b.rawFailed[rec.ID]; p != nil {
 		d.failed.Store(p)
 	}
@@ -200,10 +202,11 @@ func (d *rawDevice) release() error {
 		return errSync
 	}
 	delete(d.b.raws, d.id)
-	if d.dirty.Load() && d.failed.Load() == nil {
-		if err := d.sync(); err != nil {
-			errSync = d.failLocked(err)
-		}
+	if errSync == nil && d.dirty.Load() && d.failed.Load() == nil {
+		errSync = d.flush(context.Background())
+	}
+	if p := d.failed.Load(); p != nil {
+		d.b.rawFailed[d.id] = p // for the next open
 	}
 	return errors.Join(errSync, d.f.Close())
 }
@@ -320,24 +323,27 @@ func (d *rawDevice) writeZeros(pos, n int64) error {
 	return nil
 }
 
-func (d *rawDevice) flush(context.Context) error {
+// flush makes what was written durable: one fdatasync, shared by the
+// callers that come while another runs (syncGroup). fdatasyncs of one file
+// must not run side by side: the kernel reports a write-back error to the
+// open file once, so one of them would fail and the others succeed, with
+// their writes lost.
+func (d *rawDevice) flush(ctx context.Context) error {
 	if err := d.checkFailed(); err != nil {
 		return err
 	}
-	if err := d.sync(); err != nil {
-		d.b.volsMu.Lock()
-		defer d.b.volsMu.Unlock()
-		return d.failLocked(err)
-	}
-	return nil
+	return d.syncs.Sync(ctx)
 }
 
-// sync fdatasyncs the file.
-func (d *rawDevice) sync() error {
+// syncRound is one fdatasync of the file (d.syncs).
+func (d *rawDevice) syncRound() error {
+	if err := d.checkFailed(); err != nil {
+		return err
+	}
 	d.dirty.Store(false)
 	if err := d.b.rawSync(d.fd); err != nil {
 		d.dirty.Store(true)
-		return fmt.Errorf("raw fdatasync: %w", err)
+		return d.fail(fmt.Errorf("raw fdatasync: %w", err))
 	}
 	return nil
 }
@@ -352,11 +358,9 @@ func (b *thinBackend) rawSync(fd int) error {
 	return unix.Fdatasync(fd)
 }
 
-// failLocked records the failure of an fdatasync (see rawDevice.failed);
-// volsMu is held.
-func (d *rawDevice) failLocked(err error) error {
+// fail records the failure of an fdatasync (see rawDevice.failed).
+func (d *rawDevice) fail(err error) error {
 	if d.failed.CompareAndSwap(nil, &err) {
-		d.b.rawFailed[d.id] = &err
 		d.b.log.Error("a raw volume's data may be lost: it refuses writes and flushes until the store is reopened",
 			"volume", d.name, "err", err)
 	}

@@ -139,6 +139,9 @@ const commitChunk = 256
 // fail records a commit that failed: what the maps show in memory may not
 // be what the database holds, so the store refuses further changes.
 func (b *thinBackend) fail(err error) error {
+	if p := b.failed.Load(); p != nil && errors.Is(err, *p) {
+		return err // this failure, recorded already (syncMeta's)
+	}
 	err = fmt.Errorf("metadata commit: %w", err)
 	b.failed.CompareAndSwap(nil, &err)
 	b.log.Error("the store refuses changes until it is reopened", "err", err)

@@ -62,6 +62,11 @@ type thinBackend struct {
 	cs   int64  // cluster size in bytes
 	cb   uint64 // blocks per cluster
 
+	// syncMetaMu serializes syncMeta; taken after metaMu, never before.
+	syncMetaMu sync.Mutex
+	// syncMetaHook, when set (by tests only), runs before syncMeta's
+	// db.Sync, and fails the sync when it returns an error.
+	syncMetaHook atomic.Pointer[func() error]
 	// metaMu serializes the transactions that change metadata: commits of
 	// the write batch and catalog changes. Order: volsMu, then a volume's
 	// ioLock, then metaMu.
@@ -74,7 +79,7 @@ type thinBackend struct {
 	vols   map[uint32]*thinVol // volumes with open handles, by id
 	raws   map[uint32]*rawDevice
 	// rawFailed keeps the failure of a raw volume's fdatasync (see
-	// rawDevice.failed) while no handle holds its rawDevice.
+	// rawDevice.failed) once no handle holds its rawDevice.
 	rawFailed map[uint32]*error
 	// rawSyncHook, when set (by tests only), runs before a raw volume's
 	// fdatasync, and fails it when it returns an error.
@@ -499,12 +504,32 @@ func (b *thinBackend) migrateFormat1(f thinFormat) error {
 
 // syncMeta makes the metadata database durable: db.Sync covers the WAL of
 // the mutable memtable and the value log; the WALs of full memtables and
-// the directory are synced by hand (see syncBadgerDir).
+// the directory are synced by hand (see syncBadgerDir). The syncs run one
+// at a time, and the first that fails fails the store (fail): the kernel
+// reports a write-back error to an open file once, so a sync beside or
+// after the failed one could succeed with the metadata lost.
 func (b *thinBackend) syncMeta() error {
-	if err := b.db.Sync(); err != nil {
-		return fmt.Errorf("badger sync: %w", err)
+	b.syncMetaMu.Lock()
+	defer b.syncMetaMu.Unlock()
+	if err := b.checkFailed(); err != nil {
+		return err
 	}
-	return syncBadgerDir(filepath.Join(b.dir, thinMetaDir))
+	var err error
+	if h := b.syncMetaHook.Load(); h != nil {
+		err = (*h)()
+	}
+	if err == nil {
+		err = b.db.Sync()
+	}
+	if err != nil {
+		err = fmt.Errorf("badger sync: %w", err)
+	} else {
+		err = syncBadgerDir(filepath.Join(b.dir, thinMetaDir))
+	}
+	if err != nil {
+		return b.fail(err)
+	}
+	return nil
 }
 
 // maintain commits the write batch every CommitInterval.

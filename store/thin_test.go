@@ -352,6 +352,27 @@ func TestThinHugeVolume(t *testing.T) {
 	store.CheckThin(t, s)
 }
 
+// createRaw makes a sparse 1 MiB file at img, creates raw volume name on
+// it in s and opens it.
+func createRaw(t *testing.T, s store.Store, name, img string) store.Volume {
+	t.Helper()
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := s.CreateVolume(ctx, name, 0, store.CreateOptions{Raw: img}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.OpenVolume(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 // TestRawSyncFailure: once an fdatasync of a raw volume's file failed, the
 // volume refuses writes, trims and flushes, also through handles opened
 // afterwards and although the next fdatasync would succeed (the kernel
@@ -362,23 +383,11 @@ func TestRawSyncFailure(t *testing.T) {
 	ctx := context.Background()
 	dir := filepath.Join(t.TempDir(), "store")
 	img := filepath.Join(t.TempDir(), "raw.img")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, 1<<20); err != nil {
-		t.Fatal(err)
-	}
 	s, err := store.OpenThin(dir, store.ThinOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.CreateVolume(ctx, "r", 0, store.CreateOptions{Raw: img}); err != nil {
-		t.Fatal(err)
-	}
-	v, err := s.OpenVolume(ctx, "r")
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := createRaw(t, s, "r", img)
 	block := bytes.Repeat([]byte{0x5a}, store.BlockSize)
 	if err := v.WriteBlocks(ctx, 0, block, false); err != nil {
 		t.Fatal(err)
@@ -444,17 +453,7 @@ func TestRawConcurrentFlushFailure(t *testing.T) {
 	ctx := context.Background()
 	s := openThin(t)
 	defer s.Close()
-	img := filepath.Join(t.TempDir(), "raw.img")
-	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.CreateVolume(ctx, "r", 0, store.CreateOptions{Raw: img}); err != nil {
-		t.Fatal(err)
-	}
-	v, err := s.OpenVolume(ctx, "r")
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := createRaw(t, s, "r", filepath.Join(t.TempDir(), "raw.img"))
 	defer v.Close()
 	entered, fail := make(chan struct{}), make(chan struct{})
 	var calls atomic.Int32

@@ -163,6 +163,14 @@ type Syncer interface {
 	Syncs() uint64
 }
 
+// HealthChecker is implemented by the Stores of this package: Health
+// reports why the store, or one of its volumes, refuses writes and flushes
+// until it is reopened (a sync that failed: see Durability in the package
+// documentation), or nil.
+type HealthChecker interface {
+	Health() error
+}
+
 // Extent is a run of blocks of the same allocation state, as BlockStatus
 // reports it.
 type Extent struct {

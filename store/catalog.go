@@ -499,6 +499,16 @@ func (s *volumeStore) Close() error {
 	return nil
 }
 
+// Health implements HealthChecker (nil for the backends that do not fail).
+func (s *volumeStore) Health() error {
+	if h, ok := s.be.(HealthChecker); ok {
+		if err := h.Health(); err != nil {
+			return fmt.Errorf("store: %w", err)
+		}
+	}
+	return nil
+}
+
 // Syncs implements Syncer for the backends that sync (0 for the others).
 func (s *volumeStore) Syncs() uint64 {
 	if sy, ok := s.be.(Syncer); ok {

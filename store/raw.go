@@ -150,6 +150,13 @@ type rawDevice struct {
 	failed atomic.Pointer[error]
 }
 
+// rawFailure is a raw volume's failed fdatasync, kept while no handle
+// holds its rawDevice (thinBackend.rawFailed).
+type rawFailure struct {
+	name string
+	err  *error
+}
+
 // rawLockBlocks is the unit of rawDevice's request locks.
 const rawLockBlocks = 16
 
@@ -173,8 +180,8 @@ func (b *thinBackend) openRaw(rec *thinRecord) (*rawDevice, error) {
 	d := &rawDevice{b: b, id: rec.ID, handles: 1, name: rec.Name, f: f, fd: int(f.Fd()), n: uint64(size) / BlockSize,
 		device: !fi.Mode().IsRegular()}
 	d.syncs = newSyncGroup(d.syncRound)
-	if p := b.rawFailed[rec.ID]; p != nil {
-		d.failed.Store(p)
+	if f, ok := b.rawFailed[rec.ID]; ok {
+		d.failed.Store(f.err)
 	}
 	b.raws[rec.ID] = d
 	return d, nil
@@ -206,7 +213,7 @@ func (d *rawDevice) release() error {
 		errSync = d.flush(context.Background())
 	}
 	if p := d.failed.Load(); p != nil {
-		d.b.rawFailed[d.id] = p // for the next open
+		d.b.rawFailed[d.id] = rawFailure{d.name, p} // for the next open
 	}
 	return errors.Join(errSync, d.f.Close())
 }

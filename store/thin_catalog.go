@@ -534,6 +534,9 @@ func (b *thinBackend) deleteVolume(ctx context.Context, info VolumeInfo) error {
 	if err != nil {
 		return err
 	}
+	b.volsMu.Lock()
+	delete(b.rawFailed, rec.ID) // a failed raw volume deleted: the store is healthy again
+	b.volsMu.Unlock()
 	return b.reap(rec.ID)
 }
 

@@ -80,7 +80,7 @@ type thinBackend struct {
 	raws   map[uint32]*rawDevice
 	// rawFailed keeps the failure of a raw volume's fdatasync (see
 	// rawDevice.failed) once no handle holds its rawDevice.
-	rawFailed map[uint32]*error
+	rawFailed map[uint32]rawFailure
 	// rawSyncHook, when set (by tests only), runs before a raw volume's
 	// fdatasync, and fails it when it returns an error.
 	rawSyncHook atomic.Pointer[func() error]
@@ -171,7 +171,7 @@ func openThinBackend(dir string, opts ThinOptions) (*thinBackend, error) {
 		lock:      lock,
 		vols:      make(map[uint32]*thinVol),
 		raws:      make(map[uint32]*rawDevice),
-		rawFailed: make(map[uint32]*error),
+		rawFailed: make(map[uint32]rawFailure),
 		done:      make(chan struct{}),
 		wbDone:    make(chan struct{}),
 		kick:      make(chan struct{}, 1),
@@ -636,6 +636,28 @@ const (
 	closeDBWait     = 30 * time.Second
 	closeDBFailWait = 2 * time.Second
 )
+
+// Health implements HealthChecker: the store's failure (checkFailed), or
+// those of its raw volumes.
+func (b *thinBackend) Health() error {
+	if err := b.checkFailed(); err != nil {
+		return err
+	}
+	b.volsMu.Lock()
+	defer b.volsMu.Unlock()
+	var errs []error
+	for id, f := range b.rawFailed {
+		if b.raws[id] == nil {
+			errs = append(errs, fmt.Errorf("raw volume %q: %w", f.name, *f.err))
+		}
+	}
+	for _, d := range b.raws {
+		if err := d.checkFailed(); err != nil {
+			errs = append(errs, fmt.Errorf("raw volume %q: %w", d.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // checkFailed returns the error of a failed commit, after which the store
 // refuses changes.

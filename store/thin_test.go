@@ -413,10 +413,19 @@ func TestRawSyncFailure(t *testing.T) {
 			t.Errorf("read %s: %v (data equal: %v)", when, err, bytes.Equal(got, block))
 		}
 	}
+	health := func(when string, want bool) {
+		t.Helper()
+		err := s.(store.HealthChecker).Health()
+		if got := err != nil && errors.Is(err, syscall.EIO) && strings.Contains(err.Error(), `raw volume "r"`); got != want {
+			t.Errorf("Health %s: %v, want an error naming the volume: %v", when, err, want)
+		}
+	}
 	refused(v, "after the failure")
+	health("after the failure", true)
 	if err := v.Close(); err != nil {
 		t.Fatal(err)
 	}
+	health("with no handle open", true)
 	v, err = s.OpenVolume(ctx, "r") // the last handle went: a new file descriptor
 	if err != nil {
 		t.Fatal(err)
@@ -432,6 +441,7 @@ func TestRawSyncFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	health("after the store was reopened", false)
 	v, err = s.OpenVolume(ctx, "r")
 	if err != nil {
 		t.Fatal(err)
@@ -524,6 +534,9 @@ func TestMetaSyncFailureFailsStore(t *testing.T) {
 	}
 	if _, err := s.CreateSnapshot(ctx, "v", "s2"); !errors.Is(err, syscall.EIO) {
 		t.Errorf("snapshot after a failed metadata sync: %v, want the failure (EIO)", err)
+	}
+	if err := s.(store.HealthChecker).Health(); !errors.Is(err, syscall.EIO) {
+		t.Errorf("Health after a failed metadata sync: %v, want the failure (EIO)", err)
 	}
 	got := make([]byte, store.BlockSize)
 	if err := v.ReadBlocks(ctx, 0, got); err != nil || !bytes.Equal(got, block) {

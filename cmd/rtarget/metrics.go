@@ -46,6 +46,12 @@ func metricsHandler(t *target.Target, nsrv *nvmf.Server, st store.Store, log *sl
 			http.Error(w, "store: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
+		if h, ok := st.(store.HealthChecker); ok {
+			if err := h.Health(); err != nil { // a failed sync: writes refused
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {

@@ -79,3 +79,11 @@ func FailMetaSyncOnce(s Store, err error) {
 	}
 	s.(*volumeStore).be.(*thinBackend).syncMetaHook.Store(&fn)
 }
+
+// SmallDataFiles returns o with data files of n bytes (a multiple of the
+// cluster size) in place of 1 TiB, so that a test's clusters spread over
+// several files.
+func SmallDataFiles(o ThinOptions, n int64) ThinOptions {
+	o.dataFileBytes = n
+	return o
+}

@@ -33,6 +33,12 @@ type ThinOptions struct {
 	// to 64 MiB, the store holds in a file of its own (data/ballast), which
 	// it gives to the metadata if another program fills the file system.
 	Reserve int64
+
+	// dataFileBytes is the size a data file grows to before the next
+	// begins: dataFileBytes (1 TiB) but in tests, which make it small to
+	// reach the files after the first (SmallDataFiles). A store must be
+	// opened with the size it was created with.
+	dataFileBytes int64
 }
 
 // DefaultClusterSize is the cluster size of a new thin store (see doc.go

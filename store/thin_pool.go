@@ -71,9 +71,12 @@ const writebackBytes = 16 << 20
 // dataFileBytes is the size a data file grows to before the next begins.
 const dataFileBytes = 1 << 40
 
-func newDataPool(dir string, cs int64, space *spaceGuard) *dataPool {
+func newDataPool(dir string, cs, fileBytes int64, space *spaceGuard) *dataPool {
+	if fileBytes == 0 {
+		fileBytes = dataFileBytes
+	}
 	shift := uint(0)
-	for int64(1)<<shift*cs < dataFileBytes {
+	for int64(1)<<shift*cs < fileBytes {
 		shift++
 	}
 	return &dataPool{dir: dir, cs: cs, fileShift: shift, xfs: onXFS(dir), kick: make(chan struct{}, 1), space: space}

@@ -207,7 +207,7 @@ func (b *thinBackend) start() error {
 	}
 	b.cs = f.ClusterSize
 	b.cb = uint64(b.cs / BlockSize)
-	b.pool = newDataPool(filepath.Join(b.dir, thinDataDir), b.cs,
+	b.pool = newDataPool(filepath.Join(b.dir, thinDataDir), b.cs, b.opts.dataFileBytes,
 		newSpaceGuard(b.opts.Reserve, b.opts.MemTableSize*3/2, b.log, filepath.Join(b.dir, thinDataDir, ballastName),
 			filepath.Join(b.dir, thinDataDir), filepath.Join(b.dir, thinMetaDir)))
 	if _, err := b.pool.space.refresh(); err != nil {

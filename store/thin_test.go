@@ -58,7 +58,9 @@ func TestMemoryModel(t *testing.T) {
 }
 
 // TestThinModel runs the model with clusters of 4 blocks, so requests
-// cover whole and partial clusters, and with the default size. With the
+// cover whole and partial clusters, and with the default size; and with
+// clusters of 4 blocks in data files of 16 clusters, so that requests and
+// copies span data files (a store's clusters past its first TiB). With the
 // small clusters the volume records are not cached (DisableRecordCache):
 // every lookup decodes its record and loads its snapshots; with the
 // default size they are, as in service, so the model checks the cache's
@@ -66,10 +68,18 @@ func TestMemoryModel(t *testing.T) {
 // the small clusters whatever the snapshot count (SetViewWindowFrom), and
 // as in service with the default size.
 func TestThinModel(t *testing.T) {
-	for _, cs := range []int64{16 << 10, store.DefaultClusterSize} {
-		t.Run(strconv.FormatInt(cs>>10, 10)+"K", func(t *testing.T) {
+	for _, c := range []struct {
+		cs    int64
+		files int64 // data file size, 0: the default (1 TiB)
+	}{{16 << 10, 0}, {store.DefaultClusterSize, 0}, {16 << 10, 256 << 10}} {
+		cs := c.cs
+		name := strconv.FormatInt(cs>>10, 10) + "K"
+		if c.files != 0 {
+			name += "-files" + strconv.FormatInt(c.files>>10, 10) + "K"
+		}
+		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
-			opts := store.ThinOptions{ClusterSize: cs}
+			opts := store.SmallDataFiles(store.ThinOptions{ClusterSize: cs}, c.files)
 			open := func(t *testing.T) store.Store {
 				s, err := store.OpenThin(dir, opts)
 				if err != nil {

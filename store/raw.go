@@ -192,24 +192,18 @@ func (d *rawDevice) blocks() uint64 { return d.n }
 // release drops a handle. The last one closes the file, after an
 // fdatasync of what was written since the last: Store.Sync makes durable
 // what the open raw volumes hold (thinBackend.sync), so a volume no handle
-// holds must have nothing left to sync. The fdatasync is made before
-// volsMu is taken, which other volumes' opens wait for; only a release
-// that raced another to be the last syncs under it.
+// holds must have nothing left to sync. That fdatasync runs under volsMu;
+// it is rare, since the target flushes a volume before it closes its last
+// handle, leaving nothing to sync here.
 func (d *rawDevice) release() error {
-	d.b.volsMu.Lock()
-	last := d.handles == 1
-	d.b.volsMu.Unlock()
-	var errSync error
-	if last && d.dirty.Load() && d.failed.Load() == nil {
-		errSync = d.flush(context.Background())
-	}
 	d.b.volsMu.Lock()
 	defer d.b.volsMu.Unlock()
 	if d.handles--; d.handles > 0 {
-		return errSync
+		return nil
 	}
 	delete(d.b.raws, d.id)
-	if errSync == nil && d.dirty.Load() && d.failed.Load() == nil {
+	var errSync error
+	if d.dirty.Load() && d.failed.Load() == nil {
 		errSync = d.flush(context.Background())
 	}
 	if p := d.failed.Load(); p != nil {

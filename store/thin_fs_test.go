@@ -156,13 +156,7 @@ func TestCloseOnDeadFileSystem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.CreateVolume(ctx, "v", 64<<20, store.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	v, err := s.OpenVolume(ctx, "v")
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := createOpen(t, s, "v", 64<<20)
 	buf := bytes.Repeat([]byte{0x5a}, 1<<20)
 	for i := range 8 { // map changes in badger's memtable
 		if err := v.WriteBlocks(ctx, uint64(i)*512, buf[:64<<10], false); err != nil {

@@ -519,13 +519,7 @@ func TestMetaSyncFailureFailsStore(t *testing.T) {
 	ctx := context.Background()
 	s := openThin(t)
 	defer s.Close()
-	if _, err := s.CreateVolume(ctx, "v", 1<<20, store.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	v, err := s.OpenVolume(ctx, "v")
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := createOpen(t, s, "v", 1<<20)
 	defer v.Close()
 	block := bytes.Repeat([]byte{0x7e}, store.BlockSize)
 	if err := v.WriteBlocks(ctx, 0, block, true); err != nil {

@@ -23,7 +23,7 @@ import (
 // be done: not root, or no mkfs.ext4 (make deps installs e2fsprogs).
 func Ext4(t testing.TB, size int64) string {
 	t.Helper()
-	return mount(t, size, "mkfs.ext4", "-q", "-F", "-m", "0").Dir
+	return Ext4FS(t, size).Dir
 }
 
 // Ext4FS is Ext4 for a test that also cuts the power of the file system

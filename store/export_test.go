@@ -87,3 +87,9 @@ func SmallDataFiles(o ThinOptions, n int64) ThinOptions {
 	o.dataFileBytes = n
 	return o
 }
+
+// SetDataDirSyncHook makes fn run before each fsync of the thin store s's
+// data file directory; an error from fn fails that fsync.
+func SetDataDirSyncHook(s Store, fn func() error) {
+	s.(*volumeStore).be.(*thinBackend).pool.dirSyncHook.Store(&fn)
+}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // syncBadgerDir fsyncs the memtable WALs (*.mem) of a badger directory and
@@ -44,4 +45,29 @@ func fsyncPath(path string) error {
 		return fmt.Errorf("sync %s: %w", path, err)
 	}
 	return nil
+}
+
+// mkdirAllDurable is os.MkdirAll whose new directories' names are durable:
+// each directory it creates is fsynced into its parent, as POSIX requires
+// for a name to survive a crash.
+func mkdirAllDurable(path string) error {
+	path = filepath.Clean(path)
+	if st, err := os.Stat(path); err == nil {
+		if !st.IsDir() {
+			return fmt.Errorf("mkdir %s: %w", path, syscall.ENOTDIR)
+		}
+		return nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("mkdir: %w", err)
+	}
+	parent := filepath.Dir(path)
+	if parent != path {
+		if err := mkdirAllDurable(parent); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(path, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("mkdir: %w", err)
+	}
+	return fsyncPath(parent)
 }

@@ -37,8 +37,17 @@ type dataPool struct {
 
 	space *spaceGuard // keeps the file system's last free space for the metadata
 
-	// syncHook, when set (by tests only), runs as sync begins.
-	syncHook atomic.Pointer[func()]
+	// dirDirty: a data file was created since the directory's last
+	// fsync. POSIX makes a new file's name durable only through an fsync
+	// of its directory, which must come before the commit that maps
+	// clusters into the file (sync does it first).
+	dirDirty atomic.Bool
+
+	// syncHook, when set (by tests only), runs as sync begins;
+	// dirSyncHook runs before the directory's fsync, and its error fails
+	// that fsync.
+	syncHook    atomic.Pointer[func()]
+	dirSyncHook atomic.Pointer[func() error]
 }
 
 type dataFile struct {
@@ -96,7 +105,13 @@ func (p *dataPool) file(i int) (*dataFile, error) {
 	if f := p.files[i]; f != nil {
 		return f, nil
 	}
-	fd, err := unix.Open(p.path(i), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	fd, err := unix.Open(p.path(i), unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		fd, err = unix.Open(p.path(i), unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
+		if err == nil {
+			p.dirDirty.Store(true)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open data file: %w", &os.PathError{Op: "open", Path: p.path(i), Err: err})
 	}
@@ -364,6 +379,13 @@ func (p *dataPool) sync() (bool, error) {
 		(*h)()
 	}
 	synced := false
+	if p.dirDirty.Swap(false) {
+		if err := p.syncDir(); err != nil {
+			p.dirDirty.Store(true)
+			return false, err
+		}
+		synced = true
+	}
 	for i, f := range p.openFiles() {
 		if f == nil || !f.dirty.Swap(false) {
 			continue
@@ -375,6 +397,16 @@ func (p *dataPool) sync() (bool, error) {
 		}
 	}
 	return synced, nil
+}
+
+// syncDir fsyncs the data files' directory.
+func (p *dataPool) syncDir() error {
+	if h := p.dirSyncHook.Load(); h != nil {
+		if err := (*h)(); err != nil {
+			return fmt.Errorf("sync %s: %w", p.dir, err)
+		}
+	}
+	return fsyncPath(p.dir)
 }
 
 // truncate cuts the data files to high clusters: what lies beyond was

@@ -150,7 +150,7 @@ func openThinBackend(dir string, opts ThinOptions) (*thinBackend, error) {
 		return nil, fmt.Errorf("%w: run rtarget volume migrate --data %s again to finish it", ErrMigrating, dir)
 	}
 	for _, d := range []string{dir, filepath.Join(dir, thinMetaDir), filepath.Join(dir, thinDataDir)} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
+		if err := mkdirAllDurable(d); err != nil {
 			return nil, err
 		}
 	}

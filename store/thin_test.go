@@ -640,3 +640,51 @@ func TestRawRefusals(t *testing.T) {
 	}
 	exec.Command("umount", mnt).Run()
 }
+
+// TestNewDataFileSyncsDirectory: a data file's name is made durable (its
+// directory fsynced) before the commit that maps clusters into it, once
+// per new file; a failed directory sync fails that commit and the store.
+func TestNewDataFileSyncsDirectory(t *testing.T) {
+	ctx := context.Background()
+	const cs = 16 << 10
+	s, err := store.OpenThin(t.TempDir(), store.SmallDataFiles(store.ThinOptions{ClusterSize: cs}, 16*cs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var syncs atomic.Int32
+	var fail atomic.Pointer[error]
+	store.SetDataDirSyncHook(s, func() error {
+		if err := fail.Swap(nil); err != nil {
+			return *err
+		}
+		syncs.Add(1)
+		return nil
+	})
+	v := createOpen(t, s, "v", 1<<20)
+	defer v.Close()
+	block := bytes.Repeat([]byte{0x5a}, store.BlockSize)
+	perCluster := uint64(cs / store.BlockSize)
+	// Clusters are handed out in order from the first past the header's
+	// room: the volume's clusters 0-15 fill a data file, 16-31 the next.
+	for c := range uint64(32) {
+		if err := v.WriteBlocks(ctx, c*perCluster, block, true); err != nil {
+			t.Fatalf("write to cluster %d: %v", c, err)
+		}
+		if got, want := syncs.Load(), int32(1+c/16); got != want {
+			t.Fatalf("after a write to cluster %d: %d directory fsyncs, want %d", c, got, want)
+		}
+	}
+	eio := error(syscall.EIO)
+	fail.Store(&eio)
+	if err := v.WriteBlocks(ctx, 32*perCluster, block, true); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("FUA write into a new data file whose directory sync fails: %v, want EIO", err)
+	}
+	if err := v.Flush(ctx); !errors.Is(err, syscall.EIO) {
+		t.Errorf("flush after a failed directory sync: %v, want the failure (EIO)", err)
+	}
+	got := make([]byte, store.BlockSize)
+	if err := v.ReadBlocks(ctx, 16*perCluster, got); err != nil || !bytes.Equal(got, block) {
+		t.Errorf("read after a failed directory sync: %v (data equal: %v)", err, bytes.Equal(got, block))
+	}
+}

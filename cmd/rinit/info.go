@@ -64,7 +64,7 @@ func describeReservation(excl bool, holders []string) string {
 func lockCommand() *cli.Command {
 	lockFlags := func(extra ...cli.Flag) []cli.Flag {
 		fl := append(sessionFlags(),
-			&cli.IntFlag{Name: "lock", Value: -1, Usage: "numbered lock `N` (0 .. the volume's lock count - 1)", EnvVars: []string{"RINIT_LOCK"}},
+			&cli.IntFlag{Name: "lock", Usage: "numbered lock `N` (0 .. the volume's lock count - 1)", DefaultText: "none", EnvVars: []string{"RINIT_LOCK"}},
 			&cli.BoolFlag{Name: "exclusive", Usage: "the volume reservation, exclusive: only this initiator may write",
 				EnvVars: []string{"RINIT_EXCLUSIVE"}},
 			&cli.BoolFlag{Name: "shared", Usage: "the volume reservation, shared: nobody may write", EnvVars: []string{"RINIT_SHARED"}},
@@ -117,9 +117,15 @@ func lockCommand() *cli.Command {
 	}
 }
 
+// lockTarget returns what a lock command names: lock N (-1 for none, the
+// reservation) and whether the reservation is meant, exclusive or shared.
 func lockTarget(c *cli.Context) (lock int, reserve, exclusive bool, err error) {
 	n := 0
-	if c.Int("lock") >= 0 {
+	lock = -1
+	if c.IsSet("lock") {
+		if lock = c.Int("lock"); lock < 0 {
+			return 0, false, false, fmt.Errorf("--lock %d: locks are numbered from 0", lock)
+		}
 		n++
 	}
 	if c.Bool("exclusive") {
@@ -131,7 +137,7 @@ func lockTarget(c *cli.Context) (lock int, reserve, exclusive bool, err error) {
 	if n != 1 && (c.Command.Name == "acquire" || c.Command.Name == "release") {
 		return 0, false, false, fmt.Errorf("give exactly one of --lock N, --exclusive, --shared")
 	}
-	return c.Int("lock"), c.Bool("exclusive") || c.Bool("shared"), c.Bool("exclusive"), nil
+	return lock, c.Bool("exclusive") || c.Bool("shared"), c.Bool("exclusive"), nil
 }
 
 func lockAcquire(c *cli.Context) error {

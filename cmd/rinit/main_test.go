@@ -1,11 +1,14 @@
 package main
 
 import (
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/urfave/cli/v2"
 
 	"github.com/rnic-dev/rnic/cmd/internal/clix"
 )
@@ -77,4 +80,31 @@ func TestListenUnix(t *testing.T) {
 		t.Fatalf("the listener in use lost its socket: %v", err)
 	}
 	c.Close()
+}
+
+// TestLockFlags: the lock commands name exactly one of a lock, the
+// exclusive and the shared reservation, and a negative lock number is
+// refused as such; all before any connection (the target address is one
+// nothing listens on).
+func TestLockFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"acquire"}, "give exactly one of --lock N, --exclusive, --shared"},
+		{[]string{"acquire", "--lock", "1", "--exclusive"}, "give exactly one of"},
+		{[]string{"release", "--shared", "--exclusive"}, "give exactly one of"},
+		{[]string{"acquire", "--lock", "-1"}, "--lock -1: locks are numbered from 0"},
+		{[]string{"status", "--lock", "-3"}, "--lock -3: locks are numbered from 0"},
+	} {
+		app := newApp()
+		app.Writer, app.ErrWriter = io.Discard, io.Discard
+		app.ExitErrHandler = func(*cli.Context, error) {}
+		args := append([]string{"rinit", "lock"}, c.args...)
+		args = append(args, "--target", "127.0.0.1:1", "--volume", "v", "--timeout", "1s")
+		err := app.Run(args)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error containing %q", strings.Join(c.args, " "), err, c.want)
+		}
+	}
 }

@@ -3,10 +3,13 @@ package store_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -147,15 +150,7 @@ func TestThinOnXFS(t *testing.T) {
 func TestCloseOnDeadFileSystem(t *testing.T) {
 	fs := loopfs.Ext4FS(t, 256<<20)
 	ctx := context.Background()
-	// The database left open goes on retrying its flush until the test
-	// binary exits: its log goes to the test's while it runs, then nowhere.
-	var logs testLog
-	t.Cleanup(logs.stop)
-	logs.t = t
-	s, err := store.OpenThin(filepath.Join(fs.Dir, "store"), store.ThinOptions{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openThinOn(t, fs)
 	v := createOpen(t, s, "v", 64<<20)
 	buf := bytes.Repeat([]byte{0x5a}, 1<<20)
 	for i := range 8 { // map changes in badger's memtable
@@ -189,6 +184,21 @@ func TestCloseOnDeadFileSystem(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the store did not close within 30 s of its file system dying")
 	}
+}
+
+// openThinOn opens a thin store in fs, logging to the test. A store whose
+// file system dies may leave its database open, retrying a flush until
+// the test binary exits: its log goes to the test's while it runs, then
+// nowhere.
+func openThinOn(t *testing.T, fs *loopfs.FS) store.Store {
+	t.Helper()
+	logs := &testLog{t: t}
+	t.Cleanup(logs.stop)
+	s, err := store.OpenThin(filepath.Join(fs.Dir, "store"), store.ThinOptions{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // testLog is an io.Writer that logs to its test until stop.
@@ -290,4 +300,81 @@ func TestRawSyncAndClose(t *testing.T) {
 			t.Errorf("block %d after the power cut holds %#x..., want %#x", lba, b[0], want[0])
 		}
 	}
+}
+
+// TestHealthOnDeadFileSystem: Health reports a file system the store can
+// no longer write before any write or sync fails: the store's own, shut
+// down as by a power cut (EIO) or made read-only by an error (EROFS), and
+// a raw volume's.
+func TestHealthOnDeadFileSystem(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		kill func(*loopfs.FS) error
+		want error
+	}{
+		{"shutdown", (*loopfs.FS).PowerCut, syscall.EIO},
+		{"read-only", (*loopfs.FS).ErrorReadOnly, syscall.EROFS},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fs := loopfs.Ext4FS(t, 256<<20)
+			s := openThinOn(t, fs)
+			v := createOpen(t, s, "v", 16<<20)
+			if err := v.WriteBlocks(ctx, 0, make([]byte, 64<<10), true); err != nil {
+				t.Fatal(err)
+			}
+			h := s.(store.HealthChecker)
+			if err := h.Health(); err != nil {
+				t.Fatalf("Health of a working store: %v", err)
+			}
+			if err := c.kill(fs); err != nil {
+				t.Fatal(err)
+			}
+			err := h.Health()
+			if !errors.Is(err, c.want) {
+				t.Fatalf("Health after the file system died: %v, want %v", err, c.want)
+			}
+			t.Logf("Health: %v", err)
+			// A failed flush makes the close give up on badger at once
+			// (TestCloseOnDeadFileSystem).
+			if err := v.Flush(ctx); err == nil {
+				t.Log("the flush succeeded: nothing was left to sync")
+			}
+			v.Close()
+			s.Close()
+		})
+	}
+	t.Run("raw", func(t *testing.T) {
+		fs := loopfs.Ext4FS(t, 256<<20)
+		img := filepath.Join(fs.Dir, "raw.img")
+		if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s, err := store.OpenThin(t.TempDir(), store.ThinOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if _, err := s.CreateVolume(ctx, "r", 0, store.CreateOptions{Raw: img}); err != nil {
+			t.Fatal(err)
+		}
+		v, err := s.OpenVolume(ctx, "r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := s.(store.HealthChecker)
+		if err := h.Health(); err != nil {
+			t.Fatalf("Health of a working store: %v", err)
+		}
+		if err := fs.PowerCut(); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Health(); !errors.Is(err, syscall.EIO) || !strings.Contains(err.Error(), `raw volume "r"`) {
+			t.Fatalf("Health after the raw volume's file system died: %v, want EIO naming raw volume \"r\"", err)
+		}
+		v.Close()
+		if err := h.Health(); err != nil {
+			t.Errorf("Health once the raw volume is closed: %v, want nil (the store's own file system works)", err)
+		}
+	})
 }

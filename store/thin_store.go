@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+	"golang.org/x/sys/unix"
 )
 
 // The directory layout of a thin store: the metadata database and the data
@@ -639,13 +640,26 @@ const (
 
 // Health implements HealthChecker: the store's failure (checkFailed), or
 // those of its raw volumes.
+//
+// It also asks the file systems, at no I/O: the store's (through its first
+// data file and badger's manifest) and each open raw volume's file. A file
+// system shut down (XFS after a metadata write error; ext4 or XFS by
+// FS_IOC_SHUTDOWN) refuses to open a file, with EIO, and one made
+// read-only after an error (ext4 mounted errors=remount-ro) refuses
+// to open one for writing, with EROFS: either way the store can no longer
+// write, which without the probe only the next flush or commit would tell.
 func (b *thinBackend) Health() error {
 	if err := b.checkFailed(); err != nil {
 		return err
 	}
+	var errs []error
+	for _, path := range []string{b.pool.path(0), filepath.Join(b.dir, thinMetaDir, badgerManifest)} {
+		if err := probeFile(path); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	b.volsMu.Lock()
 	defer b.volsMu.Unlock()
-	var errs []error
 	for id, f := range b.rawFailed {
 		if b.raws[id] == nil {
 			errs = append(errs, fmt.Errorf("raw volume %q: %w", f.name, *f.err))
@@ -654,9 +668,30 @@ func (b *thinBackend) Health() error {
 	for _, d := range b.raws {
 		if err := d.checkFailed(); err != nil {
 			errs = append(errs, fmt.Errorf("raw volume %q: %w", d.name, err))
+		} else if !d.device {
+			// Opened anew through the descriptor: the file, wherever it
+			// was renamed to.
+			if err := probeFile(fmt.Sprintf("/proc/self/fd/%d", d.fd)); err != nil {
+				errs = append(errs, fmt.Errorf("raw volume %q: %w", d.name, err))
+			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// badgerManifest is the file badger keeps its table list in, for as long
+// as the database exists.
+const badgerManifest = "MANIFEST"
+
+// probeFile opens the file at path for writing, and closes it: the health
+// probe of a file system, which costs no disk I/O.
+func probeFile(path string) error {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return fmt.Errorf("file system check: open %s: %w", path, err)
+	}
+	unix.Close(fd)
+	return nil
 }
 
 // checkFailed returns the error of a failed commit, after which the store

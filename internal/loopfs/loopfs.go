@@ -80,6 +80,27 @@ func (f *FS) Remount() error {
 	return nil
 }
 
+// ErrorReadOnly makes an ext4 file system read-only as an error found on
+// it would where it is mounted errors=remount-ro: it remounts it with
+// that option and raises a test error (the ext4 sysfs trigger_fs_error).
+// The journal is aborted and every later write or open for writing fails
+// with EROFS. Like PowerCut, it needs a Remount before more use.
+func (f *FS) ErrorReadOnly() error {
+	if out, err := exec.Command("mount", "-o", "remount,errors=remount-ro", f.Dir).CombinedOutput(); err != nil {
+		return fmt.Errorf("remount %s errors=remount-ro: %w\n%s", f.Dir, err, out)
+	}
+	out, err := exec.Command("findmnt", "-n", "-o", "SOURCE", f.Dir).Output()
+	if err != nil {
+		return fmt.Errorf("findmnt %s: %w", f.Dir, err)
+	}
+	trigger := filepath.Join("/sys/fs/ext4", filepath.Base(strings.TrimSpace(string(out))), "trigger_fs_error")
+	if err := os.WriteFile(trigger, []byte("loopfs: ErrorReadOnly\n"), 0); err != nil {
+		return fmt.Errorf("error on %s: %w", f.Dir, err)
+	}
+	f.cut.Store(true)
+	return nil
+}
+
 // XFS is Ext4 for an XFS file system (at least 300 MiB: mkfs.xfs makes no
 // smaller one; make deps installs xfsprogs). It also skips the test on a
 // kernel without XFS.

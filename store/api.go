@@ -166,7 +166,8 @@ type Syncer interface {
 // HealthChecker is implemented by the Stores of this package: Health
 // reports why the store, or one of its volumes, refuses writes and flushes
 // until it is reopened (a sync that failed: see Durability in the package
-// documentation), or nil.
+// documentation), or cannot write any more (its file system shut down or
+// read-only), or nil.
 type HealthChecker interface {
 	Health() error
 }

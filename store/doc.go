@@ -132,26 +132,29 @@
 // operations that read the map or the space accounting (clone, rollback,
 // deletion, stat and list, open), every second while the batch holds
 // anything, or when it grows past 16K changes (writers wait for one past
-// 64K), first fdatasyncs the data files, then writes the batch in badger
-// transactions that each hold whole replacements (a map entry, the delta
-// entry keeping the old one or the release of its cluster, the allocation
-// from the free ranges), then syncs
-// the database (db.Sync plus an fsync of every memtable WAL and of the
-// directory: badger v4.9.6's db.Sync covers only the mutable memtable's
-// WAL and never syncs its directory). So a map entry never becomes durable
-// before the data it points at, no change is ever durable in part, and a
-// flushed or FUA write survives kill -9 and power loss (cmd/e2e's
-// TestCrashConsistency kills rtarget; TestPowerLoss shuts its file system
-// down as a power cut would, losing what was not synced). A failed sync
-// (of the data files or of the database) fails the store: it refuses
-// changes until it is reopened, since the kernel may have dropped the
-// pages it could not write and reports that to an open file once, so a
-// later sync, or one beside it on the same file, would succeed without
-// them; the syncs of each file therefore run one at a time. Concurrent callers
-// share commits: N concurrent FUA writes cost about two. A commit syncs
-// the data files before it takes the metadata lock, so a catalog change (a
-// snapshot, a volume created) commits its own small transaction meanwhile
-// instead of waiting for that sync (TestSnapshotBesideDataSync).
+// 64K), first fdatasyncs the data files (and their directory after a data
+// file was created: a new file's name is durable only then), then writes
+// the batch in badger transactions that each hold whole replacements (a map
+// entry, the delta entry keeping the old one or the release of its cluster,
+// the allocation from the free ranges), then syncs the database (db.Sync
+// plus an fsync of every memtable WAL and of the directory: badger v4.9.6's
+// db.Sync covers only the mutable memtable's WAL and never syncs its
+// directory). So a map entry never becomes durable before the data it
+// points at, no change is ever durable in part, and a flushed or FUA write
+// survives kill -9 and power loss (cmd/e2e's TestCrashConsistency kills
+// rtarget; TestPowerLoss shuts its file system down as a power cut would,
+// losing what was not synced). A failed sync (of the data files or of the
+// database) fails the store: it refuses changes until it is reopened, since
+// the kernel may have dropped the pages it could not write and reports that
+// to an open file once, so a later sync, or one beside it on the same file,
+// would succeed without them; the syncs of each file therefore run one at a
+// time. Health (rtarget's /healthz) reports such a failure, and also a file
+// system that can no longer write (shut down, or read-only after an error)
+// before anything fails: it opens the store's files for writing. Concurrent
+// callers share commits: N concurrent FUA writes cost about two. A commit
+// syncs the data files before it takes the metadata lock, so a catalog
+// change (a snapshot, a volume created) commits its own small transaction
+// meanwhile instead of waiting for that sync (TestSnapshotBesideDataSync).
 //
 // Writes into newly allocated clusters start the data files' writeback
 // every 16 MiB (thin_pool.go, writebackBytes), so that neither a commit's

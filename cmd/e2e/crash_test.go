@@ -273,7 +273,7 @@ func testLogger() *slog.Logger {
 // A kill leaves the page cache to the kernel, which writes it back: what
 // rtarget wrote and did not sync survives. TestPowerLoss loses it.
 func TestCrashConsistency(t *testing.T) {
-	crashCycles(t, t.TempDir(), crashKind{what: "killed", down: func(t *testing.T, target *proc) {
+	crashCycles(t, t.TempDir(), crashKind{what: "killed", down: func(t *testing.T, target *proc, _ string) {
 		if err := target.stop(syscall.SIGKILL, 10*time.Second); err == nil {
 			t.Fatalf("rtarget exited cleanly before the kill:\n%s", target.output())
 		}
@@ -283,8 +283,9 @@ func TestCrashConsistency(t *testing.T) {
 // crashKind is how a crash test brings rtarget down.
 type crashKind struct {
 	what string // for the log: "killed"
-	// down brings the running target down for good.
-	down func(t *testing.T, target *proc)
+	// down brings the running target down for good; healthz is its
+	// /healthz URL.
+	down func(t *testing.T, target *proc, healthz string)
 	// cutFlushes: a flush that overlaps down may fail (a power cut fails
 	// the dying target's fdatasync with EIO); it then makes nothing
 	// durable. Otherwise a flush fails only with ErrWritesLost.
@@ -303,8 +304,8 @@ func crashCycles(t *testing.T, data string, kind crashKind) {
 	t.Logf("RNIC_CRASH_SEED=%d cycles=%d", seed, cycles)
 	rng := rand.New(rand.NewPCG(seed, 0xc4a54))
 	rt, _ := bins(t)
-	addr := freePort(t)
-	args := []string{"serve", "--data", data, "--listen", addr, "--volume", "vol:64M"}
+	addr, metrics := freePort(t), freePort(t)
+	args := []string{"serve", "--data", data, "--listen", addr, "--metrics-listen", metrics, "--volume", "vol:64M"}
 	if kind.raw {
 		img := filepath.Join(filepath.Dir(data), "raw.img")
 		if err := os.WriteFile(img, nil, 0o600); err != nil {
@@ -390,7 +391,7 @@ func crashCycles(t *testing.T, data string, kind crashKind) {
 		time.Sleep(killAfter)
 		ackedAtKill := m.acked.Load() - ackedBefore
 		m.downs.Add(1)
-		kind.down(t, target)
+		kind.down(t, target, "http://"+metrics+"/healthz")
 		target = start(t, rt, args...)
 		waitPort(t, addr, target)
 		m.downs.Add(1)

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"io"
+	"net/http"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -37,9 +39,14 @@ func TestPowerLoss(t *testing.T) {
 			fs := c.mount(t, 1<<30)
 			downs := 0
 			crashCycles(t, filepath.Join(fs.Dir, "data"), crashKind{what: "power cut", cutFlushes: true, raw: c.raw,
-				down: func(t *testing.T, target *proc) {
+				down: func(t *testing.T, target *proc, healthz string) {
 					if err := fs.PowerCut(); err != nil {
 						t.Fatal(err)
+					}
+					// /healthz sees the dead file system at once, whatever
+					// failed or not yet.
+					if code, body := httpGet(t, healthz); code != http.StatusServiceUnavailable {
+						t.Fatalf("/healthz after the power cut: %d %q, want 503", code, body)
 					}
 					// stop fails the test if rtarget takes 30 s to exit.
 					sig := syscall.SIGKILL
@@ -55,4 +62,20 @@ func TestPowerLoss(t *testing.T) {
 				}})
 		})
 	}
+}
+
+// httpGet returns the status code and body of a GET of url, which must
+// answer within 10 s.
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return resp.StatusCode, string(b)
 }

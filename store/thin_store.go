@@ -684,9 +684,14 @@ func (b *thinBackend) Health() error {
 const badgerManifest = "MANIFEST"
 
 // probeFile opens the file at path for writing, and closes it: the health
-// probe of a file system, which costs no disk I/O.
+// probe of a file system, which costs no disk I/O. A refusal for want of
+// permission is no failure: the file's mode or owner changed since the
+// store opened it, which its open descriptors do not care about.
 func probeFile(path string) error {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("file system check: open %s: %w", path, err)
 	}

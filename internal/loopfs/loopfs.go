@@ -84,7 +84,8 @@ func (f *FS) Remount() error {
 // it would where it is mounted errors=remount-ro: it remounts it with
 // that option and raises a test error (the ext4 sysfs trigger_fs_error).
 // The journal is aborted and every later write or open for writing fails
-// with EROFS. Like PowerCut, it needs a Remount before more use.
+// with EROFS. Like PowerCut, it needs a Remount before more use. Where the
+// kernel has no such trigger, the error wraps fs.ErrNotExist.
 func (f *FS) ErrorReadOnly() error {
 	if out, err := exec.Command("mount", "-o", "remount,errors=remount-ro", f.Dir).CombinedOutput(); err != nil {
 		return fmt.Errorf("remount %s errors=remount-ro: %w\n%s", f.Dir, err, out)
@@ -94,6 +95,9 @@ func (f *FS) ErrorReadOnly() error {
 		return fmt.Errorf("findmnt %s: %w", f.Dir, err)
 	}
 	trigger := filepath.Join("/sys/fs/ext4", filepath.Base(strings.TrimSpace(string(out))), "trigger_fs_error")
+	if _, err := os.Stat(trigger); err != nil {
+		return fmt.Errorf("error on %s: %w", f.Dir, err)
+	}
 	if err := os.WriteFile(trigger, []byte("loopfs: ErrorReadOnly\n"), 0); err != nil {
 		return fmt.Errorf("error on %s: %w", f.Dir, err)
 	}

@@ -348,22 +348,12 @@ func TestHealthOnDeadFileSystem(t *testing.T) {
 	}
 	t.Run("raw", func(t *testing.T) {
 		fs := loopfs.Ext4FS(t, 256<<20)
-		img := filepath.Join(fs.Dir, "raw.img")
-		if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
-			t.Fatal(err)
-		}
 		s, err := store.OpenThin(t.TempDir(), store.ThinOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer s.Close()
-		if _, err := s.CreateVolume(ctx, "r", 0, store.CreateOptions{Raw: img}); err != nil {
-			t.Fatal(err)
-		}
-		v, err := s.OpenVolume(ctx, "r")
-		if err != nil {
-			t.Fatal(err)
-		}
+		v := createRaw(t, s, "r", filepath.Join(fs.Dir, "raw.img"))
 		h := s.(store.HealthChecker)
 		if err := h.Health(); err != nil {
 			t.Fatalf("Health of a working store: %v", err)

@@ -47,7 +47,7 @@ func metricsHandler(t *target.Target, nsrv *nvmf.Server, st store.Store, log *sl
 			return
 		}
 		if h, ok := st.(store.HealthChecker); ok {
-			if err := h.Health(); err != nil { // a failed sync: writes refused
+			if err := h.Health(); err != nil { // a failed sync, or a file system that cannot write
 				http.Error(w, err.Error(), http.StatusServiceUnavailable)
 				return
 			}

@@ -110,6 +110,19 @@ func TestVolumeCommands(t *testing.T) {
 	if got := listVolumes(t, rt, data)["vol"].Size; got != 64<<20 {
 		t.Errorf("vol's size after rollback: %d, want the snapshot's", got)
 	}
+	// A shrink is refused unless asked for by name, and changes nothing.
+	if msg := fails(t, rt, append([]string{"volume", "resize", "vol", "2M"}, d...)...); !strings.Contains(msg, "--allow-shrink") {
+		t.Errorf("shrink without --allow-shrink: %s", msg)
+	}
+	vc("export", "vol", out)
+	if got := listVolumes(t, rt, data)["vol"].Size; got != 64<<20 || fileSum(t, out, 4<<20) != want {
+		t.Errorf("a refused shrink changed vol: size %d, data same: %v", got, fileSum(t, out, 4<<20) == want)
+	}
+	vc("resize", "--allow-shrink", "vol", "2M")
+	if got := listVolumes(t, rt, data)["vol"].Size; got != 2<<20 {
+		t.Errorf("vol's size after resize --allow-shrink: %d, want %d", got, 2<<20)
+	}
+	vc("rollback", "vol@s1")
 	if msg := fails(t, rt, append([]string{"volume", "delete", "vol@s1"}, d...)...); !strings.Contains(msg, "clones") {
 		t.Errorf("deleting a snapshot with a clone: %s", msg)
 	}
@@ -196,7 +209,7 @@ func TestOnlineManagement(t *testing.T) {
 				!strings.Contains(msg, "clones") {
 				t.Errorf("delete of a served volume: %s", msg)
 			}
-			if msg := fails(t, rt, append([]string{"volume", "resize", "vol", "256M"}, d...)...); !strings.Contains(msg, "busy") {
+			if msg := fails(t, rt, append([]string{"volume", "resize", "--allow-shrink", "vol", "256M"}, d...)...); !strings.Contains(msg, "busy") {
 				t.Errorf("shrink of a served volume: %s", msg)
 			}
 		},

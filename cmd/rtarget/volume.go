@@ -45,8 +45,10 @@ func volumeCommand() *cli.Command {
 				volumeClone),
 			sub("rollback", "return a volume to a snapshot (content and size); the volume must not be in use", "NAME@SNAP",
 				volumeRollback),
-			sub("resize", "grow (also while in use) or shrink (discards the end; not while in use) a volume", "NAME SIZE",
-				volumeResize),
+			sub("resize", "grow (also while in use) or, with --allow-shrink, shrink (discards the end; not while in use) a volume",
+				"NAME SIZE", volumeResize,
+				&cli.BoolFlag{Name: "allow-shrink", Usage: "allow SIZE below the volume's size: the data past SIZE is discarded " +
+					"(snapshots keep theirs)", EnvVars: []string{"RTARGET_ALLOW_SHRINK"}}),
 			sub("import", "copy a raw image into a volume (creates it with the image's size if missing)", "NAME FILE", volumeImport,
 				progressFlag()),
 			sub("export", "copy a volume or a snapshot out to a raw image file", "NAME[@SNAP] FILE", volumeExport, progressFlag()),
@@ -302,6 +304,19 @@ func volumeResize(c *cli.Context) error {
 		n, err := parseVolumeSize(a[1])
 		if err != nil {
 			return err
+		}
+		// A shrink discards data, so it is asked for by name, as rbd resize
+		// --allow-shrink and qemu-img resize --shrink ask: a mistyped size
+		// must not cost the end of a disk.
+		if !c.Bool("allow-shrink") {
+			vi, err := m.StatVolume(ctx, a[0])
+			if err != nil {
+				return fmt.Errorf("resize %s: %w", a[0], err)
+			}
+			if n < vi.Size {
+				return fmt.Errorf("resize %s: %s is smaller than its %s, and the data past %s would be lost: "+
+					"give --allow-shrink to shrink it", a[0], clix.FormatSize(n), clix.FormatSize(vi.Size), clix.FormatSize(n))
+			}
 		}
 		if err := m.ResizeVolume(ctx, a[0], n); err != nil {
 			return fmt.Errorf("resize %s: %w", a[0], err)

@@ -59,6 +59,9 @@ test: deps vet
 	# The exhaustive CRC32c kernel checks, without the race detector (it
 	# instruments none of the assembly and slows the Go kernel tenfold).
 	$(GO) test -count=1 -run '^TestKernels' ./rnic/crc32c
+	# The arm64 kernel against the portable one, all of the package's
+	# tests under qemu-user (about 15 s).
+	CGO_ENABLED=0 GOARCH=arm64 $(GO) test -count=1 -exec qemu-aarch64 ./rnic/crc32c
 	FUZZTIME=$(FUZZTIME) ./.ci/fuzz
 
 FUZZTIME ?= 10s

@@ -58,5 +58,6 @@ func UpdateCopy(crc uint32, dst, src []byte) uint32 {
 }
 
 // Kernel names the implementation selected at init, for example
-// "avx512-vpclmul", "avx2-vpclmul", "sse42-pclmul", "sse42" or "generic".
+// "avx512-vpclmul", "avx2-vpclmul", "sse42-pclmul", "sse42", "arm64-crc32"
+// or "generic".
 func Kernel() string { return best.name }

@@ -56,7 +56,7 @@ func archKernels() []kernel {
 	if c.Supports(cpuid.CLMUL, cpuid.SSE4) {
 		ks = append(ks, kernel{"sse42-pclmul", pclmulUpdate, pclmulUpdateCopy})
 	}
-	return append(ks, kernel{"sse42", sse42Update, sse42UpdateCopy})
+	return append(ks, sse42.kernel("sse42"))
 }
 
 // foldMin is the shortest input handed to a folding kernel; shorter inputs

@@ -16,8 +16,12 @@
 //   - "sse42-pclmul": SSE4.2 + PCLMULQDQ, 128-bit folding.
 //   - "sse42": the SSE4.2 CRC32 instruction on three interleaved streams,
 //     joined with shift tables.
-//   - "generic": portable slicing-by-8 (the only kernel on other
-//     architectures).
+//   - "generic": portable slicing-by-8.
+//
+// On arm64, "arm64-crc32": the ARMv8 CRC32C instructions (optional in
+// ARMv8.0, present from ARMv8.1) on three interleaved streams joined with
+// the same shift tables, and "generic" where a core lacks them. Elsewhere
+// "generic" alone.
 //
 // The folding kernels run "hybrid" blocks for long inputs: while the vector
 // unit folds one part of a block, three CRC32-instruction streams checksum

@@ -127,6 +127,10 @@ type Store interface {
 	// and fails with ErrBusy while the volume is open. Snapshots keep their
 	// own size.
 	ResizeVolume(ctx context.Context, name string, size int64) error
+	// GrowVolume is ResizeVolume that never shrinks: a size below the
+	// volume's, also one the volume reached meanwhile, fails with ErrShrink
+	// and changes nothing. The same size is not an error.
+	GrowVolume(ctx context.Context, name string, size int64) error
 	// CreateSnapshot takes a read-only, point-in-time snapshot of a volume,
 	// open or not: every write acknowledged before the call is in it, none
 	// started after it returns. It takes constant time, whatever the

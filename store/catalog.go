@@ -33,6 +33,11 @@ type volumeStore struct {
 	// fail with ErrBusy meanwhile. The value names the operation.
 	excl map[string]string
 	ops  sync.WaitGroup // store-level calls in flight
+
+	// resizeMu serializes resizes: a grow runs beside open handles, so
+	// without it two grows could land in either order, the smaller last,
+	// and that one would cut what the other had just made visible.
+	resizeMu sync.Mutex
 }
 
 func newVolumeStore(be backend) *volumeStore {
@@ -336,7 +341,7 @@ func (s *volumeStore) DeleteVolume(ctx context.Context, name string) error {
 func (s *volumeStore) ResizeVolume(ctx context.Context, name string, size int64) error {
 	err := checkSize(size)
 	if err == nil {
-		err = s.resize(ctx, name, size)
+		err = s.resize(ctx, name, size, true)
 	}
 	if err != nil {
 		return fmt.Errorf("store: resize volume %q to %d bytes: %w", name, size, err)
@@ -344,7 +349,21 @@ func (s *volumeStore) ResizeVolume(ctx context.Context, name string, size int64)
 	return nil
 }
 
-func (s *volumeStore) resize(ctx context.Context, name string, size int64) error {
+func (s *volumeStore) GrowVolume(ctx context.Context, name string, size int64) error {
+	err := checkSize(size)
+	if err == nil {
+		err = s.resize(ctx, name, size, false)
+	}
+	if err != nil {
+		return fmt.Errorf("store: grow volume %q to %d bytes: %w", name, size, err)
+	}
+	return nil
+}
+
+// resize is ResizeVolume, or GrowVolume without shrink.
+func (s *volumeStore) resize(ctx context.Context, name string, size int64, shrink bool) error {
+	s.resizeMu.Lock()
+	defer s.resizeMu.Unlock()
 	// A grow runs beside open handles; a shrink needs the volume closed.
 	var cur VolumeInfo
 	err := s.shared(ctx, name, func(info VolumeInfo) error { cur = info; return nil })
@@ -354,13 +373,21 @@ func (s *volumeStore) resize(ctx context.Context, name string, size int64) error
 	if size >= cur.Size {
 		return s.shared(ctx, name, func(info VolumeInfo) error {
 			if size < info.Size {
-				return fmt.Errorf("volume shrank meanwhile to %d bytes: %w", info.Size, ErrBusy)
+				// Past size meanwhile (a rollback: resizes take turns),
+				// so this is a shrink now.
+				if !shrink {
+					return fmt.Errorf("the volume has %d bytes: %w", info.Size, ErrShrink)
+				}
+				return fmt.Errorf("volume's size changed meanwhile to %d bytes: %w", info.Size, ErrBusy)
 			}
 			s.mu.Lock()
 			open := len(s.open[name]) > 0
 			s.mu.Unlock()
 			return s.be.resizeVolume(ctx, info, size, open)
 		})
+	}
+	if !shrink {
+		return fmt.Errorf("the volume has %d bytes: %w", cur.Size, ErrShrink)
 	}
 	headOpen := func(handles, _ int) bool { return handles > 0 }
 	return s.exclusive(ctx, name, "shrink", headOpen, func(info VolumeInfo) error {

@@ -28,6 +28,8 @@ var (
 	// ErrNoSpace: the write needs space the store does not have (a thin
 	// store whose file system is down to its reserve, see ThinOptions).
 	ErrNoSpace = errors.New("no space left in the store")
+	// ErrShrink: GrowVolume was given a size below the volume's.
+	ErrShrink = errors.New("size below the volume's")
 )
 
 // OpError is the error of a block operation on a volume. It names the

@@ -64,6 +64,7 @@ var controlCodes = []struct {
 	{"read_only", store.ErrReadOnly},
 	{"closed", store.ErrClosed},
 	{"corrupt", store.ErrCorrupt},
+	{"shrink", store.ErrShrink},
 }
 
 // remoteError is an error the daemon returned.
@@ -185,6 +186,8 @@ func (s *controlServer) do(ctx context.Context, req controlRequest) controlRespo
 		err = s.st.DeleteVolume(ctx, req.Name)
 	case "resize":
 		err = s.st.ResizeVolume(ctx, req.Name, req.Size)
+	case "grow":
+		err = s.st.GrowVolume(ctx, req.Name, req.Size)
 	case "snapshot":
 		var si store.SnapshotInfo
 		si, err = s.st.CreateSnapshot(ctx, req.Name, req.Snap)
@@ -299,6 +302,11 @@ func (cc *controlClient) DeleteVolume(ctx context.Context, name string) error {
 
 func (cc *controlClient) ResizeVolume(ctx context.Context, name string, size int64) error {
 	_, err := cc.call(ctx, controlRequest{Op: "resize", Name: name, Size: size})
+	return err
+}
+
+func (cc *controlClient) GrowVolume(ctx context.Context, name string, size int64) error {
+	_, err := cc.call(ctx, controlRequest{Op: "grow", Name: name, Size: size})
 	return err
 }
 

@@ -70,6 +70,7 @@ type volumeManager interface {
 	ListVolumes(ctx context.Context) ([]store.VolumeInfo, error)
 	DeleteVolume(ctx context.Context, name string) error
 	ResizeVolume(ctx context.Context, name string, size int64) error
+	GrowVolume(ctx context.Context, name string, size int64) error
 	CreateSnapshot(ctx context.Context, vol, snap string) (store.SnapshotInfo, error)
 	DeleteSnapshot(ctx context.Context, vol, snap string) error
 	Clone(ctx context.Context, vol, snap, newName string, opts store.CreateOptions) (store.VolumeInfo, error)
@@ -307,18 +308,23 @@ func volumeResize(c *cli.Context) error {
 		}
 		// A shrink discards data, so it is asked for by name, as rbd resize
 		// --allow-shrink and qemu-img resize --shrink ask: a mistyped size
-		// must not cost the end of a disk.
+		// must not cost the end of a disk. Without the flag the store
+		// checks the size under its resize lock (GrowVolume), so a grow
+		// that lands meanwhile is not cut back either.
 		if !c.Bool("allow-shrink") {
-			vi, err := m.StatVolume(ctx, a[0])
+			err := m.GrowVolume(ctx, a[0], n)
+			if errors.Is(err, store.ErrShrink) {
+				cur := "the volume's size"
+				if vi, serr := m.StatVolume(ctx, a[0]); serr == nil {
+					cur = "its " + clix.FormatSize(vi.Size)
+				}
+				return fmt.Errorf("resize %s: %s is smaller than %s, and the data past %s would be lost: "+
+					"give --allow-shrink to shrink it", a[0], clix.FormatSize(n), cur, clix.FormatSize(n))
+			}
 			if err != nil {
 				return fmt.Errorf("resize %s: %w", a[0], err)
 			}
-			if n < vi.Size {
-				return fmt.Errorf("resize %s: %s is smaller than its %s, and the data past %s would be lost: "+
-					"give --allow-shrink to shrink it", a[0], clix.FormatSize(n), clix.FormatSize(vi.Size), clix.FormatSize(n))
-			}
-		}
-		if err := m.ResizeVolume(ctx, a[0], n); err != nil {
+		} else if err := m.ResizeVolume(ctx, a[0], n); err != nil {
 			return fmt.Errorf("resize %s: %w", a[0], err)
 		}
 		fmt.Fprintf(c.App.Writer, "resized %s to %s\n", a[0], clix.FormatSize(n))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/rnic-dev/rnic/store"
@@ -168,6 +169,25 @@ func testResize(t *testing.T, s *suite) {
 	}
 	if !IsZero(mustRead(t, v, mib/bs, mib/bs)) {
 		t.Fatal("the grown part does not read as zeros")
+	}
+	// GrowVolume never shrinks, also when grows race: the largest wins.
+	wantErr(t, "GrowVolume below the size", s.st.GrowVolume(ctx, "r", mib), store.ErrShrink)
+	if err := s.st.GrowVolume(ctx, "r", 2*mib); err != nil {
+		t.Fatalf("GrowVolume to the same size: %v", err)
+	}
+	var wg sync.WaitGroup
+	for i := range int64(8) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.st.GrowVolume(ctx, "r", 2*mib+(i+1)*bs); err != nil && !errors.Is(err, store.ErrShrink) {
+				t.Errorf("racing GrowVolume: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := v.Info().Size; got != 2*mib+8*bs {
+		t.Fatalf("size after racing grows: %d, want the largest, %d", got, 2*mib+8*bs)
 	}
 	mustWrite(t, v, 2*mib/bs-1, Pattern(2*mib/bs-1, 1, 4))
 	wantErr(t, "shrink while open", s.st.ResizeVolume(ctx, "r", mib/2), store.ErrBusy)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -73,5 +74,48 @@ func TestControlLineBound(t *testing.T) {
 	req, _ = json.Marshal(controlRequest{Version: controlVersion, Op: "list"})
 	if resp := ask(c, r, append(req, '\n')); resp.Error != "" {
 		t.Fatalf("list after it: %+v", resp)
+	}
+}
+
+// TestControlResize: through the socket, "grow" refuses a smaller size
+// with the store's ErrShrink (errors.Is holds on the client's side) and
+// changes nothing; "resize" shrinks.
+func TestControlResize(t *testing.T) {
+	st := store.NewMemory()
+	defer st.Close()
+	ctx := t.Context()
+	if _, err := st.CreateVolume(ctx, "v", 4<<20, store.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "rtarget.sock")
+	srv, err := listenControl(path, st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.close()
+	cc, err := dialControl(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.close()
+	size := func() int64 {
+		t.Helper()
+		vi, err := cc.StatVolume(ctx, "v")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return vi.Size
+	}
+	if err := cc.GrowVolume(ctx, "v", 1<<20); !errors.Is(err, store.ErrShrink) {
+		t.Fatalf("grow to a smaller size: %v, want ErrShrink", err)
+	}
+	if got := size(); got != 4<<20 {
+		t.Fatalf("size after a refused grow: %d", got)
+	}
+	if err := cc.GrowVolume(ctx, "v", 8<<20); err != nil || size() != 8<<20 {
+		t.Fatalf("grow: %v, size %d", err, size())
+	}
+	if err := cc.ResizeVolume(ctx, "v", 1<<20); err != nil || size() != 1<<20 {
+		t.Fatalf("resize to a smaller size: %v, size %d", err, size())
 	}
 }

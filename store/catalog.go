@@ -34,9 +34,10 @@ type volumeStore struct {
 	excl map[string]string
 	ops  sync.WaitGroup // store-level calls in flight
 
-	// resizeMu serializes resizes: a grow runs beside open handles, so
-	// without it two grows could land in either order, the smaller last,
-	// and that one would cut what the other had just made visible.
+	// resizeMu serializes what changes a volume's size, resizes and
+	// rollbacks: a grow runs beside open handles, so without it two grows
+	// (or a grow and a rollback) could land in either order, the smaller
+	// last, and that one would cut what the other had just made visible.
 	resizeMu sync.Mutex
 }
 
@@ -373,8 +374,9 @@ func (s *volumeStore) resize(ctx context.Context, name string, size int64, shrin
 	if size >= cur.Size {
 		return s.shared(ctx, name, func(info VolumeInfo) error {
 			if size < info.Size {
-				// Past size meanwhile (a rollback: resizes take turns),
-				// so this is a shrink now.
+				// Past size meanwhile, so this is a shrink now. Resizes
+				// and rollbacks hold resizeMu, so only a volume deleted
+				// and created again under this name can get here.
 				if !shrink {
 					return fmt.Errorf("the volume has %d bytes: %w", info.Size, ErrShrink)
 				}
@@ -453,6 +455,8 @@ func (s *volumeStore) Clone(ctx context.Context, vol, snap, newName string, opts
 }
 
 func (s *volumeStore) Rollback(ctx context.Context, vol, snap string) error {
+	s.resizeMu.Lock() // a rollback sets the snapshot's size
+	defer s.resizeMu.Unlock()
 	headOpen := func(handles, _ int) bool { return handles > 0 }
 	found := false
 	err := s.exclusive(ctx, vol, "rollback", headOpen, func(info VolumeInfo) error {

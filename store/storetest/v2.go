@@ -585,6 +585,42 @@ func testRollback(t *testing.T, s *suite) {
 	if !IsZero(s.readAll("r")[n*bs:]) {
 		t.Fatal("data written past the snapshot's size came back after rollback and grow")
 	}
+
+	// A grow racing a rollback to a larger snapshot never cuts what the
+	// rollback restores: either the grow lands first, or it sees the
+	// rollback's size and refuses (ErrShrink), or it meets the rollback
+	// in progress (ErrBusy). The rollback always succeeds.
+	v = s.mustOpen("r")
+	last := Pattern(2*n-1, 1, 7)
+	mustWrite(t, v, 2*n-1, last)
+	v.Close()
+	mustSnap(t, s, "r", "big")
+	for i := range 20 {
+		if err := s.st.ResizeVolume(ctx, "r", n*bs); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := s.st.GrowVolume(ctx, "r", n*bs+n/2*bs)
+			if err != nil && !errors.Is(err, store.ErrShrink) && !errors.Is(err, store.ErrBusy) {
+				t.Errorf("grow beside a rollback: %v", err)
+			}
+		}()
+		// A grow takes no exclusive hold, so the rollback never meets
+		// one.
+		err := s.st.Rollback(ctx, "r", "big")
+		wg.Wait()
+		if err != nil {
+			t.Fatalf("rollback beside a grow: %v", err)
+		}
+		got := s.readAll("r")
+		if len(got) != 2*n*bs {
+			t.Fatalf("round %d: size %d after the rollback, want the snapshot's %d", i, len(got), 2*n*bs)
+		}
+		equalBlocks(t, fmt.Sprintf("round %d: the last block after a grow beside a rollback", i), 2*n-1, got[(2*n-1)*bs:], last)
+	}
 }
 
 // testDeleteSnapshotInTheMiddle deletes snapshots from the middle, the

@@ -60,6 +60,14 @@ const (
 func (c *conn) loginArea() int { return c.t.cfg.MaxCredits }
 func (c *conn) byeArea() int   { return c.t.cfg.MaxCredits + 1 }
 
+// rejectArea holds a login's REJECT: the first slot's area, which no
+// answer uses before the session starts. Not the login area, whose
+// CHALLENGE went out unsignaled: an initiator that sends its PROOF
+// without waiting for the CHALLENGE (a replay, a prober) gets its REJECT
+// while that Send may still be reading the login area, and a REJECT
+// written there would go out in the CHALLENGE's place, cut to its length.
+func (c *conn) rejectArea() int { return 0 }
+
 // newConn allocates a QP sized for cfg.MaxCredits, with two receives
 // posted for LOGIN and PROOF.
 func (t *Target) newConn() (*conn, error) {

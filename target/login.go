@@ -294,8 +294,9 @@ func (c *conn) waitLoginMsg(ctx context.Context) ([]byte, error) {
 }
 
 // sendLogin sends the first n bytes of the login area, unsignaled: the
-// area is next written after the initiator answered, when the Send is
-// long gone.
+// area is next written (WELCOME) after the initiator answered, which it
+// can only do once this Send arrived. A REJECT, which may answer a PROOF
+// sent before that, goes in rejectArea.
 func (c *conn) sendLogin(n int) error {
 	_, err := c.QP.PostSend(rnic.SendWR{Op: rnic.WRSend, Unsignaled: true, SGL: []rnic.SGE{c.AreaSGE(c.loginArea(), n)}})
 	if err != nil {
@@ -306,14 +307,14 @@ func (c *conn) sendLogin(n int) error {
 
 // reject sends REJECT and closes the connection.
 func (c *conn) reject(le *loginError) {
-	m, err := blockproto.EncodeResponse(c.Area(c.loginArea()), &blockproto.ResponseFields{Op: blockproto.OpReject,
+	m, err := blockproto.EncodeResponse(c.Area(c.rejectArea()), &blockproto.ResponseFields{Op: blockproto.OpReject,
 		Status: le.status, Value: le.value, Detail: le.detail})
 	if err != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.t.cfg.LoginTimeout)
 	defer cancel()
-	if _, err := c.QP.PostSend(rnic.SendWR{ID: wrLogin, Op: rnic.WRSend, SGL: []rnic.SGE{c.AreaSGE(c.loginArea(), len(m))}}); err != nil {
+	if _, err := c.QP.PostSend(rnic.SendWR{ID: wrLogin, Op: rnic.WRSend, SGL: []rnic.SGE{c.AreaSGE(c.rejectArea(), len(m))}}); err != nil {
 		return
 	}
 	// Wait for the REJECT to leave before closing; ignore anything the

@@ -340,56 +340,48 @@ func (s *volumeStore) DeleteVolume(ctx context.Context, name string) error {
 }
 
 func (s *volumeStore) ResizeVolume(ctx context.Context, name string, size int64) error {
-	err := checkSize(size)
-	if err == nil {
-		err = s.resize(ctx, name, size, true)
-	}
-	if err != nil {
-		return fmt.Errorf("store: resize volume %q to %d bytes: %w", name, size, err)
-	}
-	return nil
+	return s.resize(ctx, "resize", name, size, true)
 }
 
 func (s *volumeStore) GrowVolume(ctx context.Context, name string, size int64) error {
+	return s.resize(ctx, "grow", name, size, false)
+}
+
+// resize is ResizeVolume (shrink) and GrowVolume (not shrink). Resizes and
+// rollbacks hold resizeMu, so the size read to choose between a grow and a
+// shrink is the one the change applies to.
+func (s *volumeStore) resize(ctx context.Context, op, name string, size int64, shrink bool) error {
 	err := checkSize(size)
 	if err == nil {
-		err = s.resize(ctx, name, size, false)
+		s.resizeMu.Lock()
+		err = s.resizeLocked(ctx, name, size, shrink)
+		s.resizeMu.Unlock()
 	}
 	if err != nil {
-		return fmt.Errorf("store: grow volume %q to %d bytes: %w", name, size, err)
+		return fmt.Errorf("store: %s volume %q to %d bytes: %w", op, name, size, err)
 	}
 	return nil
 }
 
-// resize is ResizeVolume, or GrowVolume without shrink.
-func (s *volumeStore) resize(ctx context.Context, name string, size int64, shrink bool) error {
-	s.resizeMu.Lock()
-	defer s.resizeMu.Unlock()
+func (s *volumeStore) resizeLocked(ctx context.Context, name string, size int64, shrink bool) error {
 	// A grow runs beside open handles; a shrink needs the volume closed.
-	var cur VolumeInfo
-	err := s.shared(ctx, name, func(info VolumeInfo) error { cur = info; return nil })
-	if err != nil {
+	var cur int64
+	grown := false
+	err := s.shared(ctx, name, func(info VolumeInfo) error {
+		if cur = info.Size; size < cur {
+			return nil
+		}
+		s.mu.Lock()
+		open := len(s.open[name]) > 0
+		s.mu.Unlock()
+		grown = true
+		return s.be.resizeVolume(ctx, info, size, open)
+	})
+	if err != nil || grown {
 		return err
 	}
-	if size >= cur.Size {
-		return s.shared(ctx, name, func(info VolumeInfo) error {
-			if size < info.Size {
-				// Past size meanwhile, so this is a shrink now. Resizes
-				// and rollbacks hold resizeMu, so only a volume deleted
-				// and created again under this name can get here.
-				if !shrink {
-					return fmt.Errorf("the volume has %d bytes: %w", info.Size, ErrShrink)
-				}
-				return fmt.Errorf("volume's size changed meanwhile to %d bytes: %w", info.Size, ErrBusy)
-			}
-			s.mu.Lock()
-			open := len(s.open[name]) > 0
-			s.mu.Unlock()
-			return s.be.resizeVolume(ctx, info, size, open)
-		})
-	}
 	if !shrink {
-		return fmt.Errorf("the volume has %d bytes: %w", cur.Size, ErrShrink)
+		return fmt.Errorf("the volume has %d bytes: %w", cur, ErrShrink)
 	}
 	headOpen := func(handles, _ int) bool { return handles > 0 }
 	return s.exclusive(ctx, name, "shrink", headOpen, func(info VolumeInfo) error {

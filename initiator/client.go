@@ -45,7 +45,7 @@ type Client struct {
 	target    int      // index in cfg.addrs of the target to dial next
 	sess      *session // nil while reconnecting
 	epoch     uint64
-	changed   chan struct{} // closed and replaced whenever sess changes
+	changed   chan struct{} // closed and replaced whenever sess changes (and by wake)
 	fatal     error
 	closed    bool
 	reconnect bool // a reconnect loop runs
@@ -145,6 +145,12 @@ func (c *Client) Close() error {
 
 // current waits for a live session.
 func (c *Client) current(ctx context.Context) (*session, error) {
+	return c.currentUnless(ctx, nil)
+}
+
+// currentUnless is current that returns errCovered when stop (if not
+// nil) reports true while there is no live session.
+func (c *Client) currentUnless(ctx context.Context, stop func() bool) (*session, error) {
 	for {
 		c.mu.Lock()
 		s, ch, fatal, closed := c.sess, c.changed, c.fatal, c.closed
@@ -156,6 +162,8 @@ func (c *Client) current(ctx context.Context) (*session, error) {
 			return nil, fatal
 		case s != nil && !s.isDead():
 			return s, nil
+		case stop != nil && stop():
+			return nil, errCovered
 		}
 		select {
 		case <-ch:
@@ -314,8 +322,18 @@ func (c *Client) onClose(f func()) (stop func()) {
 // the session is lost underneath it (replay), until it succeeds, fails
 // otherwise, or ctx ends.
 func (c *Client) retry(ctx context.Context, fn func(s *session) error) error {
+	return c.retryUnless(ctx, nil, fn)
+}
+
+// errCovered is retryUnless's error when its stop condition held.
+var errCovered = errors.New("initiator: no longer needed")
+
+// retryUnless is retry that gives up with errCovered, instead of waiting
+// for the next session, once stop (when not nil) reports true; stop is
+// checked whenever the session or the unflushed writes change.
+func (c *Client) retryUnless(ctx context.Context, stop func() bool, fn func(s *session) error) error {
 	for {
-		s, err := c.current(ctx)
+		s, err := c.currentUnless(ctx, stop)
 		if err != nil {
 			return err
 		}
@@ -342,4 +360,13 @@ func (c *Client) noteAck(s *session, op blockproto.Opcode, flags uint16) {
 		return
 	}
 	c.unflushed.CompareAndSwap(0, s.bootID)
+}
+
+// wake wakes whoever waits in current for the session to change, to check
+// again what they wait for.
+func (c *Client) wake() {
+	c.mu.Lock()
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.mu.Unlock()
 }

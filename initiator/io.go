@@ -85,13 +85,22 @@ func (c *Client) Flush(ctx context.Context) error {
 	c.barrier.Lock()
 	defer c.barrier.Unlock()
 	first := c.unflushed.Load()
+	// A target that shuts down cleanly syncs before its GOODBYE: once the
+	// GOODBYEs of the session that acknowledged the writes cleared
+	// unflushed, there is nothing left for this Flush to do, and waiting
+	// for a target that is gone would only fail it.
+	covered := func() bool { return first != 0 && c.unflushed.Load() == 0 }
 	var boot uint64
-	err := c.retry(ctx, func(s *session) error {
+	err := c.retryUnless(ctx, covered, func(s *session) error {
 		_, err := s.do(ctx, blockproto.OpFlush, 0, 0, 0, 0, nil)
 		boot = s.bootID
 		return err
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, errCovered):
+		c.log.Info("flush: the target synced the writes as it shut down")
+		return nil
+	case err != nil:
 		return err
 	}
 	c.unflushed.Store(0)

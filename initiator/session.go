@@ -166,7 +166,14 @@ func (s *session) close() {
 		// A QP with nothing in flight is closed gracefully (its
 		// connection ends with FIN, the target sees an orderly close);
 		// one still busy, or one that does not get to Idle in time, is
-		// reset. Either way it ends in Error or Idle, which flushes the
+		// reset. When the target is leaving (a GOODBYE came), every QP
+		// waits for its own GOODBYE and FIN, busy or not: the target
+		// has drained and sends one on each, and a command it got while
+		// draining, which it leaves unanswered for the next session to
+		// replay, keeps its QP busy; resetting that QP lost its GOODBYE,
+		// and with it the news that the writes were synced (a Flush
+		// waiting for that then waited for a target that was gone).
+		// Either way it ends in Error or Idle, which flushes the
 		// receives: the handler sees that and stops the QP. The QPs that
 		// joined go first and the login's QP last: the target ends the
 		// session when that one closes, and resets the QPs still open
@@ -175,7 +182,7 @@ func (s *session) close() {
 		var wg sync.WaitGroup
 		closeQPs := func(qps []*conn) {
 			for _, q := range qps {
-				if !q.idle() {
+				if !q.idle() && !s.leaving.Load() {
 					q.Reset()
 					continue
 				}
@@ -216,8 +223,8 @@ const gracefulClose = 2 * time.Second
 // write this session acknowledged is durable.
 func (s *session) onGoodbye(synced bool) {
 	s.leaving.Store(true)
-	if synced && int(s.goodbyes.Add(1)) == len(s.qps) {
-		s.c.unflushed.CompareAndSwap(s.bootID, 0)
+	if synced && int(s.goodbyes.Add(1)) == len(s.qps) && s.c.unflushed.CompareAndSwap(s.bootID, 0) {
+		s.c.wake() // a Flush waiting for the next session may be done
 	}
 }
 

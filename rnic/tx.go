@@ -1,7 +1,9 @@
 package rnic
 
 import (
+	"io"
 	"net"
+	"os"
 	"runtime"
 	"sync/atomic"
 	"syscall"
@@ -47,6 +49,9 @@ type txState struct {
 	writeFn func(fd uintptr) bool
 	wn      int
 	werr    error
+	// waitWriteFn is flush's write for c.raw.Write: it writes the batch
+	// from off, asking the poller to wait while the socket is full.
+	waitWriteFn func(fd uintptr) bool
 }
 
 func (t *txState) init(c *conn) {
@@ -60,6 +65,26 @@ func (t *txState) init(c *conn) {
 		t.wn, t.werr = n, nil
 		if e != 0 {
 			t.werr = e
+		}
+		return true
+	}
+	t.waitWriteFn = func(fd uintptr) bool {
+		for t.off < t.w.Len() {
+			n, e := sockio.Write(fd, t.w.Bytes()[t.off:])
+			switch e {
+			case 0:
+				if n == 0 {
+					t.werr = io.ErrShortWrite
+					return true
+				}
+				t.off += n
+			case syscall.EINTR:
+			case syscall.EAGAIN:
+				return false // wait until writable
+			default:
+				t.werr = os.NewSyscallError("write", e)
+				return true
+			}
 		}
 		return true
 	}
@@ -251,7 +276,15 @@ func (t *txState) writeFailed(err error) {
 // reports whether any WQE completed.
 func (t *txState) flush() bool {
 	if t.off < t.w.Len() {
-		_, err := t.c.nc.Write(t.w.Bytes()[t.off:])
+		var err error
+		if t.c.raw != nil {
+			t.werr = nil
+			if err = t.c.raw.Write(t.waitWriteFn); err == nil {
+				err = t.werr
+			}
+		} else {
+			_, err = t.c.nc.Write(t.w.Bytes()[t.off:])
+		}
 		if err != nil {
 			t.writeFailed(err)
 			return false

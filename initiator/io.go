@@ -80,16 +80,21 @@ func (c *Client) Unflushed() bool { return c.unflushed.Load() != 0 }
 // It waits for the writes in flight when it is called, so after a
 // reconnect it covers the writes replayed on the new session. It returns
 // ErrWritesLost if the target restarted, without a clean shutdown, after
-// acknowledging writes that no flush covered.
+// acknowledging writes that no flush covered. While there is no session,
+// it returns nil as soon as no acknowledged write awaits a flush (a clean
+// shutdown's GOODBYEs cover them).
 func (c *Client) Flush(ctx context.Context) error {
 	c.barrier.Lock()
 	defer c.barrier.Unlock()
 	first := c.unflushed.Load()
-	// A target that shuts down cleanly syncs before its GOODBYE: once the
-	// GOODBYEs of the session that acknowledged the writes cleared
-	// unflushed, there is nothing left for this Flush to do, and waiting
-	// for a target that is gone would only fail it.
-	covered := func() bool { return first != 0 && c.unflushed.Load() == 0 }
+	// With no session to send the FLUSH on, there may be nothing left
+	// for it to do: a target that shuts down cleanly syncs before its
+	// GOODBYEs, and once those of the session that acknowledged the
+	// writes cleared unflushed (before this Flush or while it waits),
+	// every write that completed is durable. Waiting for a target that
+	// is gone would only fail the Flush then. With a session, the FLUSH
+	// is sent whatever unflushed says.
+	covered := func() bool { return c.unflushed.Load() == 0 }
 	var boot uint64
 	err := c.retryUnless(ctx, covered, func(s *session) error {
 		_, err := s.do(ctx, blockproto.OpFlush, 0, 0, 0, 0, nil)
@@ -98,7 +103,9 @@ func (c *Client) Flush(ctx context.Context) error {
 	})
 	switch {
 	case errors.Is(err, errCovered):
-		c.log.Info("flush: the target synced the writes as it shut down")
+		if first != 0 {
+			c.log.Info("flush: the target synced the writes as it shut down")
+		}
 		return nil
 	case err != nil:
 		return err

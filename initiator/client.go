@@ -276,15 +276,33 @@ func (c *Client) reconnectLoop() {
 			return
 		}
 		c.log.Info("reconnect failed; retrying", "in", wait, "addr", addr, "err", err)
-		select {
-		case <-time.After(wait):
-		case <-c.closedCh():
-		}
+		c.backoff(wait)
 		wait = min(2*wait, c.cfg.ReconnectMax)
 	}
 	c.mu.Lock()
 	c.reconnect = false
 	c.mu.Unlock()
+}
+
+// backoff waits for d, or until the client is closed.
+func (c *Client) backoff(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			return
+		case <-c.closedCh():
+			// Also closed when the session changes or by wake: only
+			// Close ends the wait.
+			c.mu.Lock()
+			closed := c.closed
+			c.mu.Unlock()
+			if closed {
+				return
+			}
+		}
+	}
 }
 
 // closedCh returns a channel closed when the client is closed (or when the

@@ -173,4 +173,8 @@ func TestCleanRestartUnderLoad(t *testing.T) {
 			t.Fatalf("round %d: flush after a clean restart under load: %v\n%s", round, err, clog.String())
 		}
 	}
+	// A clean restart is no fault: nothing of it is worth a warning.
+	if strings.Contains(clog.String(), "level=WARN") {
+		t.Fatalf("warnings in a clean restart:\n%s", clog.String())
+	}
 }

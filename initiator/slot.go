@@ -179,8 +179,13 @@ func (sl *slot) start() error {
 	if _, err := q.QP.PostSend(sl.wrs[:n]...); err != nil {
 		// The QP is going away (or its queue overflowed, which this
 		// package sizes never to happen): reset it; the handler fails
-		// every exchange in flight, this one included.
-		q.s.c.log.Warn("posting a command failed: resetting the QP", "err", err)
+		// every exchange in flight, this one included. After a GOODBYE
+		// that is expected (the target is closing its QPs), not a fault.
+		if q.s.leaving.Load() {
+			q.s.c.log.Info("posting a command on a QP the target is closing: resetting the QP", "err", err)
+		} else {
+			q.s.c.log.Warn("posting a command failed: resetting the QP", "err", err)
+		}
 		q.Reset()
 	}
 	return nil

@@ -1,6 +1,7 @@
 package rnic
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -44,14 +45,13 @@ type txState struct {
 	writeErr   atomic.Pointer[error]
 	off        int  // batch bytes already written (a non-blocking write stopped there)
 	inline     bool // sending from pushInline: take only small messages, never block
-	// writeFn is the non-blocking write for c.raw.Write, made once (a
-	// closure per write would allocate); it leaves its result in wn, werr.
+	// writeFn writes the batch from off for c.raw.Write, made once (a
+	// closure per write would allocate). While the socket is full it has
+	// the poller wait (flush), or, with nowait, stops with EAGAIN in werr
+	// (flushNonBlocking). Other failures end in werr too.
 	writeFn func(fd uintptr) bool
-	wn      int
+	nowait  bool
 	werr    error
-	// waitWriteFn is flush's write for c.raw.Write: it writes the batch
-	// from off, asking the poller to wait while the socket is full.
-	waitWriteFn func(fd uintptr) bool
 }
 
 func (t *txState) init(c *conn) {
@@ -61,25 +61,20 @@ func (t *txState) init(c *conn) {
 	t.mulpdu = c.info.MULPDU
 	t.msn = ddp.TxQueues{}
 	t.writeFn = func(fd uintptr) bool {
-		n, e := sockio.Write(fd, t.w.Bytes()[t.off:])
-		t.wn, t.werr = n, nil
-		if e != 0 {
-			t.werr = e
-		}
-		return true
-	}
-	t.waitWriteFn = func(fd uintptr) bool {
 		for t.off < t.w.Len() {
 			n, e := sockio.Write(fd, t.w.Bytes()[t.off:])
-			switch e {
-			case 0:
-				if n == 0 {
-					t.werr = io.ErrShortWrite
+			switch {
+			case e == 0 && n > 0:
+				t.off += n
+			case e == 0:
+				t.werr = io.ErrShortWrite
+				return true
+			case e == syscall.EINTR:
+			case e == syscall.EAGAIN:
+				if t.nowait {
+					t.werr = e
 					return true
 				}
-				t.off += n
-			case syscall.EINTR:
-			case syscall.EAGAIN:
 				return false // wait until writable
 			default:
 				t.werr = os.NewSyscallError("write", e)
@@ -278,10 +273,7 @@ func (t *txState) flush() bool {
 	if t.off < t.w.Len() {
 		var err error
 		if t.c.raw != nil {
-			t.werr = nil
-			if err = t.c.raw.Write(t.waitWriteFn); err == nil {
-				err = t.werr
-			}
+			err = t.writeRaw(false)
 		} else {
 			_, err = t.c.nc.Write(t.w.Bytes()[t.off:])
 		}
@@ -298,28 +290,30 @@ func (t *txState) flush() bool {
 // flushNonBlocking writes what the socket takes now. It reports whether the
 // whole batch went out (and completes its WQEs if so).
 func (t *txState) flushNonBlocking() bool {
-	for t.off < t.w.Len() {
-		if werr := t.c.raw.Write(t.writeFn); werr != nil {
-			t.writeFailed(werr)
-			return false
-		}
-		n, err := t.wn, t.werr
-		if err == syscall.EINTR {
-			continue
-		}
-		if err == syscall.EAGAIN {
+	if t.off < t.w.Len() {
+		err := t.writeRaw(true)
+		if errors.Is(err, syscall.EAGAIN) {
 			return false
 		}
 		if err != nil {
 			t.writeFailed(err)
 			return false
 		}
-		t.off += n
 	}
 	t.w.Reset()
 	t.off = 0
 	t.completePending()
 	return true
+}
+
+// writeRaw writes the rest of the batch through c.raw (writeFn); with
+// nowait it stops with EAGAIN when the socket is full.
+func (t *txState) writeRaw(nowait bool) error {
+	t.werr, t.nowait = nil, nowait
+	if err := t.c.raw.Write(t.writeFn); err != nil {
+		return err
+	}
+	return t.werr
 }
 
 func (t *txState) completePending() bool {

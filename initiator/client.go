@@ -130,8 +130,7 @@ func (c *Client) Close() error {
 	c.closed = true
 	s := c.sess
 	c.sess = nil
-	close(c.changed)
-	c.changed = make(chan struct{})
+	c.signalLocked()
 	c.mu.Unlock()
 	if s != nil {
 		s.close()
@@ -183,8 +182,7 @@ func (c *Client) lost(s *session) {
 		return
 	}
 	c.sess = nil
-	close(c.changed)
-	c.changed = make(chan struct{})
+	c.signalLocked()
 	start := !c.closed && !c.reconnect
 	if len(c.cfg.addrs) > 1 && c.cfg.addrs[c.target] == s.addr {
 		// Gateways: the one that just failed is the least likely to
@@ -246,8 +244,7 @@ func (c *Client) reconnectLoop() {
 			}
 			died := c.adopt(s)
 			c.reconnect = false
-			close(c.changed)
-			c.changed = make(chan struct{})
+			c.signalLocked()
 			c.mu.Unlock()
 			c.log.Info("session re-established", "session", s.id, "slot", s.slot, "boot", s.bootID, "addr", addr)
 			if died {
@@ -269,8 +266,7 @@ func (c *Client) reconnectLoop() {
 			c.mu.Lock()
 			c.fatal = fmt.Errorf("initiator: cannot log in again: %w", err)
 			c.reconnect = false
-			close(c.changed)
-			c.changed = make(chan struct{})
+			c.signalLocked()
 			c.mu.Unlock()
 			c.log.Error("giving up reconnecting", "err", err)
 			return
@@ -384,7 +380,13 @@ func (c *Client) noteAck(s *session, op blockproto.Opcode, flags uint16) {
 // again what they wait for.
 func (c *Client) wake() {
 	c.mu.Lock()
+	c.signalLocked()
+	c.mu.Unlock()
+}
+
+// signalLocked closes and replaces c.changed, waking whoever waits on it
+// to look again; c.mu is held.
+func (c *Client) signalLocked() {
 	close(c.changed)
 	c.changed = make(chan struct{})
-	c.mu.Unlock()
 }

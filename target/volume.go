@@ -105,13 +105,29 @@ func (vol *volume) holder(i uint8) *session {
 }
 
 // releaseSlot clears slot i from the reservation word and every numbered
-// lock it holds, bumps the generation (raising the fence floor) if it
-// cleared anything, and frees the slot. It returns how many locks and
-// reservations it cleared.
+// lock it holds, raising the generation (and with it the fence floor) if
+// the slot held anything, and frees the slot. It returns how many locks and
+// reservations it cleared. Its session has ended (its QPs are down), so
+// the slot takes nothing new meanwhile.
+//
+// The floor rises before the words are cleared. Other sessions take a lock
+// or the reservation with RDMA atomics that the RNIC runs without the
+// target's locks, a Compare-and-Swap of the word and then a Fetch-and-Add
+// of the generation for their token; raised after the clearing, the floor
+// could pass the token of a session that took the lock in between, which
+// was then stale from its first write.
 func (vol *volume) releaseSlot(i uint8) int {
 	vol.fence.Lock()
-	cleared := 0
 	rw := &vol.words[blockproto.WordReservation]
+	held := blockproto.Reservation(atomic.LoadUint64(rw)).Holds(i)
+	for k := blockproto.FirstLockWord; k < len(vol.words) && !held; k++ {
+		s, h := blockproto.LockHolder(atomic.LoadUint64(&vol.words[k]))
+		held = h && s == i
+	}
+	if held {
+		vol.floor = atomic.AddUint64(&vol.words[blockproto.WordGeneration], 1)
+	}
+	cleared := 0
 	for {
 		old := atomic.LoadUint64(rw)
 		r := blockproto.Reservation(old)
@@ -127,7 +143,7 @@ func (vol *volume) releaseSlot(i uint8) int {
 		w := &vol.words[k]
 		for {
 			old := atomic.LoadUint64(w)
-			if s, held := blockproto.LockHolder(old); !held || s != i {
+			if s, h := blockproto.LockHolder(old); !h || s != i {
 				break
 			}
 			if atomic.CompareAndSwapUint64(w, old, 0) {
@@ -135,9 +151,6 @@ func (vol *volume) releaseSlot(i uint8) int {
 				break
 			}
 		}
-	}
-	if cleared > 0 {
-		vol.floor = atomic.AddUint64(&vol.words[blockproto.WordGeneration], 1)
 	}
 	vol.fence.Unlock()
 	vol.mu.Lock()

@@ -103,6 +103,11 @@ type Result struct {
 	// CPUus is the CPU time (user + system) the system's server processes
 	// used during the job, in µs per I/O.
 	CPUus float64 `json:"server_cpu_us_per_io"`
+	// HostIdle is the share of all the host's CPU time that was idle
+	// during the fio run (idle and iowait in /proc/stat), in percent: a
+	// stack that leaves CPUs idle while fio waits for it is bound by its
+	// latency (wake-ups, hand-offs), not by the CPU it uses.
+	HostIdle float64 `json:"host_idle_percent"`
 }
 
 // Idle is the CPU our processes used, logged in and with no I/O, over a
@@ -212,7 +217,8 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	if err := plots(rep, jobs, systems, o.out); err != nil {
 		return fmt.Errorf("plots: %w", err)
 	}
-	fmt.Printf("\n%s; load average %s -> %s\n\n%s\n%s\n%s\n%s\n", rep.Options, rep.Load[0], rep.Load[1], targetTable(rep), idleTable(rep), microTable(micro),
+	fmt.Printf("\n%s; load average %s -> %s\n\n%s\n%s\nHost CPU left idle during each job (%% of all CPUs, median):\n\n%s\n%s\n%s\n",
+		rep.Options, rep.Load[0], rep.Load[1], targetTable(rep), idleTable(rep), hostIdleTable(rep, jobs, systems), microTable(micro),
 		"report: "+filepath.Join(o.out, "report.md"))
 	log.Info("done", "report", filepath.Join(o.out, "report.md"))
 	return nil
@@ -446,9 +452,13 @@ func runSystem(ctx context.Context, sys system, jobs []string, rep int, o option
 	var out []Result
 	for _, j := range jobs {
 		cpu0 := cpuSeconds(procs)
+		busy0, idle0 := hostTicks()
 		r, err := fio(ctx, filepath.Join(o.jobsDir, j+".fio"), uri, o)
 		if err != nil {
 			return nil, nil, nil, err
+		}
+		if busy1, idle1 := hostTicks(); busy1+idle1 > busy0+idle0 {
+			r.HostIdle = 100 * float64(idle1-idle0) / float64(busy1+idle1-busy0-idle0)
 		}
 		// I/Os over the ramp too, at the measured rate: the CPU time
 		// covers the whole fio run.
@@ -457,7 +467,8 @@ func runSystem(ctx context.Context, sys system, jobs []string, rep int, o option
 		}
 		r.System, r.Job, r.Rep = sys.name, j, rep
 		log.Info("fio", "system", sys.name, "job", j, "rep", rep, "read_iops", int(r.ReadIOPS), "write_iops", int(r.WriteIOPS),
-			"read_MBps", int(r.ReadMBps), "write_MBps", int(r.WriteMBps), "cpu_us_per_io", int(r.CPUus))
+			"read_MBps", int(r.ReadMBps), "write_MBps", int(r.WriteMBps), "cpu_us_per_io", int(r.CPUus),
+			"host_idle_percent", int(r.HostIdle))
 		out = append(out, r)
 	}
 	var rss []RSS
@@ -658,6 +669,32 @@ func cpuSeconds(procs []*proc) float64 {
 		}
 	}
 	return float64(ticks) / 100 // USER_HZ
+}
+
+// hostTicks returns the host's busy and idle (idle + iowait) CPU time so
+// far, in USER_HZ ticks summed over all CPUs (the cpu line of /proc/stat);
+// zeros if it cannot be read.
+func hostTicks() (busy, idle int64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, 0
+	}
+	// user nice system idle iowait irq softirq steal (guest time is
+	// already in user and nice).
+	for i, k := range f[1:9] {
+		n, _ := strconv.ParseInt(k, 10, 64)
+		if i == 3 || i == 4 {
+			idle += n
+		} else {
+			busy += n
+		}
+	}
+	return busy, idle
 }
 
 func truncate(path, size string) error {

@@ -60,12 +60,18 @@ func medians(rep report) map[string]map[string]float64 {
 
 // cpuMedians is the median server CPU per I/O by job and system.
 func cpuMedians(rep report) map[string]map[string]float64 {
+	return fieldMedians(rep, func(r Result) float64 { return r.CPUus })
+}
+
+// fieldMedians is the median of field over the repetitions, by job and
+// system.
+func fieldMedians(rep report, field func(Result) float64) map[string]map[string]float64 {
 	vals := map[string]map[string][]float64{}
 	for _, r := range rep.Results {
 		if vals[r.Job] == nil {
 			vals[r.Job] = map[string][]float64{}
 		}
-		vals[r.Job][r.System] = append(vals[r.Job][r.System], r.CPUus)
+		vals[r.Job][r.System] = append(vals[r.Job][r.System], field(r))
 	}
 	out := map[string]map[string]float64{}
 	for j, m := range vals {
@@ -151,22 +157,13 @@ func markdown(rep report, jobs []string, systems []system, micro, prof string) s
 		"CPU time of the system's server processes (for ours rinit + rtarget; nbdkit-proxy both nbdkit processes; " +
 		"nbd-server its daemon and connection child) during the fio run, divided by the I/Os done at the measured " +
 		"rate. fio's own CPU is not counted. On these shared 2-CPU machines this is steadier than IOPS, and it is what " +
-		"an I/O costs the host.\n\n| Job |")
-	for _, s := range systems {
-		fmt.Fprintf(&b, " %s |", s.name)
-	}
-	b.WriteString("\n|---|")
-	for range systems {
-		b.WriteString("---|")
-	}
-	b.WriteString("\n")
-	for _, j := range jobs {
-		fmt.Fprintf(&b, "| %s |", j)
-		for _, s := range systems {
-			fmt.Fprintf(&b, " %.1f |", cpu[j][s.name])
-		}
-		b.WriteString("\n")
-	}
+		"an I/O costs the host.\n\n")
+	jobTable(&b, jobs, systems, cpu, "%.1f")
+	b.WriteString("\n## Host CPU left idle during the job (% of all CPUs, median)\n\n" +
+		"The share of the host's CPU time (all CPUs, /proc/stat) that was idle while fio ran, fio and the servers " +
+		"together. Where ours leaves more idle than a peer while fio waits, it is bound by its latency (wake-ups and " +
+		"hand-offs between the three processes), not by the CPU it uses.\n\n")
+	b.WriteString(hostIdleTable(rep, jobs, systems))
 	lat := latencyMedians(rep, "latency-4k-qd1")
 	if len(lat) > 0 {
 		b.WriteString("\n## Latency, 4K random read at QD1 (total latency, submission to completion, µs, median of runs)\n\n| System |")
@@ -214,6 +211,35 @@ func markdown(rep report, jobs []string, systems []system, micro, prof string) s
 		b.WriteString("```\n")
 	}
 	return b.String()
+}
+
+// hostIdleTable is the table of the host's idle CPU share by job and
+// system (medians of Result.HostIdle).
+func hostIdleTable(rep report, jobs []string, systems []system) string {
+	var b strings.Builder
+	jobTable(&b, jobs, systems, fieldMedians(rep, func(r Result) float64 { return r.HostIdle }), "%.0f")
+	return b.String()
+}
+
+// jobTable writes a table of vals (by job and system), a row per job and a
+// column per system, each value printed with format.
+func jobTable(b *strings.Builder, jobs []string, systems []system, vals map[string]map[string]float64, format string) {
+	b.WriteString("| Job |")
+	for _, s := range systems {
+		fmt.Fprintf(b, " %s |", s.name)
+	}
+	b.WriteString("\n|---|")
+	for range systems {
+		b.WriteString("---|")
+	}
+	b.WriteString("\n")
+	for _, j := range jobs {
+		fmt.Fprintf(b, "| %s |", j)
+		for _, s := range systems {
+			fmt.Fprintf(b, " "+format+" |", vals[j][s.name])
+		}
+		b.WriteString("\n")
+	}
 }
 
 func repsText(rep report) string {

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"testing"
+	"time"
+)
+
+func TestJobTable(t *testing.T) {
+	rep := report{Results: []Result{
+		{System: "a", Job: "j1", HostIdle: 10},
+		{System: "a", Job: "j1", HostIdle: 30},
+		{System: "a", Job: "j1", HostIdle: 20},
+		{System: "b", Job: "j1", HostIdle: 5},
+		{System: "b", Job: "j2", HostIdle: 7.6},
+	}}
+	got := hostIdleTable(rep, []string{"j1", "j2"}, []system{{name: "a"}, {name: "b"}})
+	want := "| Job | a | b |\n|---|---|---|\n| j1 | 20 | 5 |\n| j2 | 0 | 8 |\n"
+	if got != want {
+		t.Fatalf("table:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestHostTicks reads the host's CPU time twice around some work of its
+// own: the total grows, and the busy part grows by at least part of the
+// work (other CPUs may idle meanwhile).
+func TestHostTicks(t *testing.T) {
+	busy0, idle0 := hostTicks()
+	if busy0 <= 0 || idle0 < 0 {
+		t.Fatalf("hostTicks: busy %d, idle %d", busy0, idle0)
+	}
+	x := 0
+	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
+		for i := range 1000 {
+			x += i
+		}
+	}
+	busy1, idle1 := hostTicks()
+	if busy1 <= busy0 || idle1 < idle0 {
+		t.Fatalf("hostTicks went from busy %d idle %d to busy %d idle %d (work %d)", busy0, idle0, busy1, idle1, x)
+	}
+}

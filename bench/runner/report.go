@@ -222,7 +222,8 @@ func hostIdleTable(rep report, jobs []string, systems []system) string {
 }
 
 // jobTable writes a table of vals (by job and system), a row per job and a
-// column per system, each value printed with format.
+// column per system, each value printed with format; "-" where a system
+// has no value for a job (it did not run it, or failed).
 func jobTable(b *strings.Builder, jobs []string, systems []system, vals map[string]map[string]float64, format string) {
 	b.WriteString("| Job |")
 	for _, s := range systems {
@@ -236,7 +237,11 @@ func jobTable(b *strings.Builder, jobs []string, systems []system, vals map[stri
 	for _, j := range jobs {
 		fmt.Fprintf(b, "| %s |", j)
 		for _, s := range systems {
-			fmt.Fprintf(b, " "+format+" |", vals[j][s.name])
+			if v, ok := vals[j][s.name]; ok {
+				fmt.Fprintf(b, " "+format+" |", v)
+			} else {
+				b.WriteString(" - |")
+			}
 		}
 		b.WriteString("\n")
 	}

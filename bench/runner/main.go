@@ -138,6 +138,10 @@ type report struct {
 	// Load is /proc/loadavg when the run started and when it ended: how
 	// busy the (shared) machine was.
 	Load [2]string `json:"loadavg"`
+	// CPUIdle is the host's cpuidle policy: how long an idle CPU polls
+	// before it halts decides what each wake-up costs on a VM, and with it
+	// the ratios at 4 KiB (bench/README.md, "Server CPU per I/O").
+	CPUIdle string `json:"cpuidle"`
 }
 
 func run(ctx context.Context, o options, log *slog.Logger) error {
@@ -173,7 +177,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 		return errors.New("no systems selected")
 	}
 	host, _ := os.Hostname()
-	rep := report{Started: time.Now().UTC(), Host: host, CPUs: numCPU(), Load: [2]string{loadavg()},
+	rep := report{Started: time.Now().UTC(), Host: host, CPUs: numCPU(), Load: [2]string{loadavg()}, CPUIdle: cpuIdle(),
 		Options: fmt.Sprintf("reps=%d runtime=%ds ramp=%ds region=%s size=%s, rinit and rtarget %s", o.reps, o.runtime,
 			o.ramp, o.region, o.size, cpusText(o.cpus)),
 		Versions: versions()}
@@ -217,8 +221,8 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	if err := plots(rep, jobs, systems, o.out); err != nil {
 		return fmt.Errorf("plots: %w", err)
 	}
-	fmt.Printf("\n%s; load average %s -> %s\n\n%s\n%s\nHost CPU left idle during each job (%% of all CPUs, median):\n\n%s\n%s\n%s\n",
-		rep.Options, rep.Load[0], rep.Load[1], targetTable(rep), idleTable(rep), hostIdleTable(rep, jobs, systems), microTable(micro),
+	fmt.Printf("\n%s; load average %s -> %s; %s\n\n%s\n%s\nHost CPU left idle during each job (%% of all CPUs, median):\n\n%s\n%s\n%s\n",
+		rep.Options, rep.Load[0], rep.Load[1], rep.CPUIdle, targetTable(rep), idleTable(rep), hostIdleTable(rep, jobs, systems), microTable(micro),
 		"report: "+filepath.Join(o.out, "report.md"))
 	log.Info("done", "report", filepath.Join(o.out, "report.md"))
 	return nil
@@ -239,6 +243,28 @@ func loadavg() string {
 		return "?"
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// cpuIdle describes the host's cpuidle driver and governor and, for
+// the haltpoll driver of KVM guests, how long an idle vCPU polls before
+// it halts (guest_halt_poll_ns; 0: it halts at once).
+func cpuIdle() string {
+	read := func(path string) string {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return "?"
+		}
+		return strings.TrimSpace(string(b))
+	}
+	d := read("/sys/devices/system/cpu/cpuidle/current_driver")
+	if d == "?" {
+		return "cpuidle driver unknown"
+	}
+	s := "cpuidle driver " + d + ", governor " + read("/sys/devices/system/cpu/cpuidle/current_governor")
+	if d == "haltpoll" {
+		s += ", guest_halt_poll_ns " + read("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+	}
+	return s
 }
 
 func numCPU() int {

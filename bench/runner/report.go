@@ -118,10 +118,10 @@ func ratio(a, b float64) string {
 func markdown(rep report, jobs []string, systems []system, micro, prof string) string {
 	med := medians(rep)
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Benchmark results\n\nRun %s on %s (%d CPUs; load average %s at the start, %s at the end). %s. "+
+	fmt.Fprintf(&b, "# Benchmark results\n\nRun %s on %s (%d CPUs; load average %s at the start, %s at the end; %s). %s. "+
 		"Every (system, job) ran %s, systems interleaved (all jobs on A, then all on B, ..., then again); the figure is "+
 		"the median.\n\n", rep.Started.Format("2006-01-02 15:04 UTC"), rep.Host, rep.CPUs, rep.Load[0], rep.Load[1],
-		rep.Options, repsText(rep))
+		rep.CPUIdle, rep.Options, repsText(rep))
 	for _, v := range rep.Versions {
 		fmt.Fprintf(&b, "- %s\n", strings.SplitN(v, "\n", 2)[0])
 	}

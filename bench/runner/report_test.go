@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -41,5 +42,26 @@ func TestHostTicks(t *testing.T) {
 	busy1, idle1 := hostTicks()
 	if busy1 <= busy0 || idle1 < idle0 {
 		t.Fatalf("hostTicks went from busy %d idle %d to busy %d idle %d (work %d)", busy0, idle0, busy1, idle1, x)
+	}
+}
+
+// TestCPUIdle checks the description of the host's idle policy against
+// sysfs: the driver it names is the one there, and under haltpoll the
+// poll time is given.
+func TestCPUIdle(t *testing.T) {
+	got := cpuIdle()
+	b, err := os.ReadFile("/sys/devices/system/cpu/cpuidle/current_driver")
+	if err != nil {
+		if got != "cpuidle driver unknown" {
+			t.Fatalf("no cpuidle in sysfs (%v), got %q", err, got)
+		}
+		return
+	}
+	d := strings.TrimSpace(string(b))
+	if !strings.HasPrefix(got, "cpuidle driver "+d+", governor ") {
+		t.Fatalf("got %q, driver %q", got, d)
+	}
+	if d == "haltpoll" && !strings.Contains(got, "guest_halt_poll_ns ") {
+		t.Fatalf("haltpoll without its poll time: %q", got)
 	}
 }

@@ -34,11 +34,13 @@ type volumeStore struct {
 	excl map[string]string
 	ops  sync.WaitGroup // store-level calls in flight
 
-	// resizeMu serializes what changes a volume's size, resizes and
+	// resizing serializes what changes a volume's size, resizes and
 	// rollbacks: a grow runs beside open handles, so without it two grows
 	// (or a grow and a rollback) could land in either order, the smaller
 	// last, and that one would cut what the other had just made visible.
-	resizeMu sync.Mutex
+	// It is a one-slot semaphore rather than a mutex so that a caller
+	// waiting behind a long rollback or shrink can give up with its ctx.
+	resizing chan struct{}
 }
 
 func newVolumeStore(be backend) *volumeStore {
@@ -47,8 +49,21 @@ func newVolumeStore(be backend) *volumeStore {
 		open:     make(map[string]map[*volume]struct{}),
 		snapOpen: make(map[string]int),
 		excl:     make(map[string]string),
+		resizing: make(chan struct{}, 1),
 	}
 }
+
+// lockResize takes s.resizing, or fails when ctx ends first.
+func (s *volumeStore) lockResize(ctx context.Context) error {
+	select {
+	case s.resizing <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for another resize or rollback: %w", ctx.Err())
+	}
+}
+
+func (s *volumeStore) unlockResize() { <-s.resizing }
 
 // enter registers a store-level call; it fails once Close has begun or if
 // ctx is done. The caller calls s.ops.Done.
@@ -348,14 +363,16 @@ func (s *volumeStore) GrowVolume(ctx context.Context, name string, size int64) e
 }
 
 // resize is ResizeVolume (shrink) and GrowVolume (not shrink). Resizes and
-// rollbacks hold resizeMu, so the size read to choose between a grow and a
-// shrink is the one the change applies to.
+// rollbacks hold s.resizing, so the size read to choose between a grow and
+// a shrink is the one the change applies to.
 func (s *volumeStore) resize(ctx context.Context, op, name string, size int64, shrink bool) error {
 	err := checkSize(size)
 	if err == nil {
-		s.resizeMu.Lock()
+		err = s.lockResize(ctx)
+	}
+	if err == nil {
 		err = s.resizeLocked(ctx, name, size, shrink)
-		s.resizeMu.Unlock()
+		s.unlockResize()
 	}
 	if err != nil {
 		return fmt.Errorf("store: %s volume %q to %d bytes: %w", op, name, size, err)
@@ -447,8 +464,11 @@ func (s *volumeStore) Clone(ctx context.Context, vol, snap, newName string, opts
 }
 
 func (s *volumeStore) Rollback(ctx context.Context, vol, snap string) error {
-	s.resizeMu.Lock() // a rollback sets the snapshot's size
-	defer s.resizeMu.Unlock()
+	// A rollback sets the snapshot's size.
+	if err := s.lockResize(ctx); err != nil {
+		return fmt.Errorf("store: rollback %s@%s: %w", vol, snap, err)
+	}
+	defer s.unlockResize()
 	headOpen := func(handles, _ int) bool { return handles > 0 }
 	found := false
 	err := s.exclusive(ctx, vol, "rollback", headOpen, func(info VolumeInfo) error {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -369,4 +370,68 @@ func TestHealthOnDeadFileSystem(t *testing.T) {
 			t.Errorf("Health once the raw volume is closed: %v, want nil (the store's own file system works)", err)
 		}
 	})
+	t.Run("raw device read-only", func(t *testing.T) {
+		loop := loopDevice(t, 16<<20)
+		s, err := store.OpenThin(t.TempDir(), store.ThinOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if _, err := s.CreateVolume(ctx, "d", 0, store.CreateOptions{Raw: loop}); err != nil {
+			t.Fatal(err)
+		}
+		v, err := s.OpenVolume(ctx, "d")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer v.Close()
+		h := s.(store.HealthChecker)
+		if err := h.Health(); err != nil {
+			t.Fatalf("Health of a working device: %v", err)
+		}
+		if out, err := exec.Command("blockdev", "--setro", loop).CombinedOutput(); err != nil {
+			t.Fatalf("blockdev --setro: %v\n%s", err, out)
+		}
+		err = h.Health()
+		exec.Command("blockdev", "--setrw", loop).Run()
+		if !errors.Is(err, syscall.EROFS) || !strings.Contains(err.Error(), `raw volume "d"`) {
+			t.Fatalf("Health with the device read-only: %v, want EROFS naming raw volume \"d\"", err)
+		}
+		t.Logf("Health: %v", err)
+		if err := h.Health(); err != nil {
+			t.Errorf("Health with the device writable again: %v", err)
+		}
+		if err := v.WriteBlocks(ctx, 0, make([]byte, store.BlockSize), true); err != nil {
+			t.Errorf("write with the device writable again: %v", err)
+		}
+	})
+}
+
+// loopDevice attaches a loop device over a new sparse file of size bytes
+// for the test, and detaches it at the end; it skips the test without
+// root or losetup and blockdev.
+func loopDevice(t *testing.T, size int64) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a loop device")
+	}
+	for _, tool := range []string{"losetup", "blockdev"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed", tool)
+		}
+	}
+	img := filepath.Join(t.TempDir(), "dev.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, size); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", img).Output()
+	if err != nil {
+		t.Skipf("losetup: %v", err)
+	}
+	loop := strings.TrimSpace(string(out))
+	t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
+	return loop
 }

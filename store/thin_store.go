@@ -642,7 +642,8 @@ const (
 // those of its raw volumes.
 //
 // It also asks the file systems, at no I/O: the store's (through its first
-// data file and badger's manifest) and each open raw volume's file. A file
+// data file and badger's manifest) and each open raw volume's file, or its
+// device (probeDevice). A file
 // system shut down (XFS after a metadata write error; ext4 or XFS by
 // FS_IOC_SHUTDOWN) refuses to open a file, with EIO, and one made
 // read-only after an error (ext4 mounted errors=remount-ro) refuses
@@ -668,7 +669,11 @@ func (b *thinBackend) Health() error {
 	for _, d := range b.raws {
 		if err := d.checkFailed(); err != nil {
 			errs = append(errs, fmt.Errorf("raw volume %q: %w", d.name, err))
-		} else if !d.device {
+		} else if d.device {
+			if err := probeDevice(d.fd); err != nil {
+				errs = append(errs, fmt.Errorf("raw volume %q: %w", d.name, err))
+			}
+		} else {
 			// Opened anew through the descriptor: the file, wherever it
 			// was renamed to.
 			if err := probeFile(fmt.Sprintf("/proc/self/fd/%d", d.fd)); err != nil {
@@ -696,6 +701,23 @@ func probeFile(path string) error {
 		return fmt.Errorf("file system check: open %s: %w", path, err)
 	}
 	unix.Close(fd)
+	return nil
+}
+
+// probeDevice is probeFile for a raw volume's block device, asked on its
+// open descriptor (BLKROGET): a device made read-only (blockdev --setro, a
+// write-protect switch, a dm table loaded read-only) fails every write
+// with EPERM. It is not opened anew as a file is: closing a disk opened
+// for writing makes udev, which watches disks, send a change event and
+// re-read the partition table, on every probe.
+func probeDevice(fd int) error {
+	ro, err := unix.IoctlGetInt(fd, unix.BLKROGET)
+	if err != nil {
+		return fmt.Errorf("device check: %w", err)
+	}
+	if ro != 0 {
+		return fmt.Errorf("device check: the device is read-only: %w", unix.EROFS)
+	}
 	return nil
 }
 

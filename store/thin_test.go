@@ -589,27 +589,12 @@ func TestRawRefusals(t *testing.T) {
 		t.Fatalf("a second raw volume on r1's file: %v, want ErrExists naming r1", err)
 	}
 
-	if os.Geteuid() != 0 {
-		t.Skip("block devices: needs root")
-	}
-	for _, tool := range []string{"losetup", "mkfs.ext4", "mount", "umount"} {
+	for _, tool := range []string{"mkfs.ext4", "mount", "umount"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("block devices: %s not installed", tool)
 		}
 	}
-	devImg := filepath.Join(t.TempDir(), "dev.img")
-	if err := os.WriteFile(devImg, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(devImg, 64<<20); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("losetup", "--find", "--show", devImg).Output()
-	if err != nil {
-		t.Skipf("block devices: losetup: %v", err)
-	}
-	loop := strings.TrimSpace(string(out))
-	t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
+	loop := loopDevice(t, 64<<20)
 	mnt := t.TempDir()
 	for _, cmd := range [][]string{{"mkfs.ext4", "-q", loop}, {"mount", loop, mnt}} {
 		if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {

@@ -135,10 +135,13 @@ type rawDevice struct {
 	locks  clusterLocks
 
 	syncs *syncGroup // fdatasyncs, one at a time (flush)
-	// dirty: written since the last fdatasync began. A write sets it once
-	// its bytes are in the page cache, so that a sync that cleared it
-	// before the write got there is followed by another.
-	dirty atomic.Bool
+	// written counts the writes (and discards) whose bytes are in the
+	// page cache; synced is the count the last finished fdatasync round
+	// had read when it began, so every write counted up to it is durable.
+	// They differ while a write awaits a round that began after it, also
+	// while a round is still running: a round clears nothing when it
+	// starts, so Sync cannot skip the volume before the round ends.
+	written, synced atomic.Uint64
 	// failed is the first fdatasync that failed. The kernel may have
 	// dropped the pages it could not write, and it reports a write-back
 	// error to each open file once: a later fdatasync can succeed with
@@ -203,7 +206,7 @@ func (d *rawDevice) release() error {
 	}
 	delete(d.b.raws, d.id)
 	var errSync error
-	if d.dirty.Load() && d.failed.Load() == nil {
+	if d.unsynced() && d.failed.Load() == nil {
 		errSync = d.flush(context.Background())
 	}
 	if p := d.failed.Load(); p != nil {
@@ -260,7 +263,7 @@ func (d *rawDevice) tryWrite(lba uint64, src []byte) bool {
 
 // pwrite writes all of src at byte pos.
 func (d *rawDevice) pwrite(src []byte, pos int64) error {
-	defer d.dirty.Store(true) // also after a partial write
+	defer d.written.Add(1) // also after a partial write
 	for len(src) > 0 {
 		n, err := unix.Pwrite(d.fd, src, pos)
 		if errors.Is(err, unix.EINTR) {
@@ -297,7 +300,7 @@ func (d *rawDevice) discard(ctx context.Context, lba, count uint64, fua bool) er
 	if err != nil && (errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTSUP)) {
 		err = d.writeZeros(pos, n)
 	}
-	d.dirty.Store(true)
+	d.written.Add(1)
 	l.unlock()
 	if err != nil {
 		return fmt.Errorf("raw discard at %d (%d bytes): %w", pos, n, err)
@@ -341,13 +344,16 @@ func (d *rawDevice) syncRound() error {
 	if err := d.checkFailed(); err != nil {
 		return err
 	}
-	d.dirty.Store(false)
+	w := d.written.Load()
 	if err := d.b.rawSync(d.fd); err != nil {
-		d.dirty.Store(true)
 		return d.fail(fmt.Errorf("raw fdatasync: %w", err))
 	}
+	d.synced.Store(w) // rounds run one at a time (d.syncs): w only grows
 	return nil
 }
+
+// unsynced reports writes that no finished fdatasync round covers.
+func (d *rawDevice) unsynced() bool { return d.written.Load() != d.synced.Load() }
 
 // rawSync fdatasyncs a raw volume's file descriptor fd.
 func (b *thinBackend) rawSync(fd int) error {

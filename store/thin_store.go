@@ -574,7 +574,7 @@ func (b *thinBackend) sync(ctx context.Context) error {
 	}
 	b.volsMu.Unlock()
 	for _, d := range raws {
-		if d.dirty.Load() || d.failed.Load() != nil {
+		if d.unsynced() || d.failed.Load() != nil {
 			if ferr := d.flush(ctx); ferr != nil {
 				err = errors.Join(err, fmt.Errorf("raw volume %q: %w", d.name, ferr))
 			}

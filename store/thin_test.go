@@ -673,3 +673,54 @@ func TestNewDataFileSyncsDirectory(t *testing.T) {
 		t.Errorf("read after a failed directory sync: %v (data equal: %v)", err, bytes.Equal(got, block))
 	}
 }
+
+// TestRawStoreSyncWaitsForRoundInFlight: Store.Sync (the store-wide sync
+// behind a clean shutdown) returns only once what the raw volumes were
+// written is durable, also when it meets an fdatasync round that started
+// before it and has not finished: that round cleared the volume's record
+// of unsynced writes when it began, which must not let Sync skip the
+// volume before the round ends.
+func TestRawStoreSyncWaitsForRoundInFlight(t *testing.T) {
+	ctx := context.Background()
+	s, err := store.OpenThin(filepath.Join(t.TempDir(), "store"), store.ThinOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	v := createRaw(t, s, "r", filepath.Join(t.TempDir(), "raw.img"))
+	defer v.Close()
+	if err := v.WriteBlocks(ctx, 0, bytes.Repeat([]byte{0x5a}, store.BlockSize), false); err != nil {
+		t.Fatal(err)
+	}
+	// The first fdatasync round waits for release; later ones pass.
+	entered, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	store.SetRawSyncHook(s, func() error {
+		if calls.Add(1) == 1 {
+			close(entered)
+			<-release
+		}
+		return nil
+	})
+	flushed := make(chan error, 1)
+	go func() { flushed <- v.Flush(ctx) }()
+	<-entered // the round is in flight, past its start
+	synced := make(chan error, 1)
+	go func() { synced <- s.Sync(ctx) }()
+	select {
+	case err := <-synced:
+		close(release)
+		t.Fatalf("Sync returned (%v) while the fdatasync round that began before it was still running", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	if err := <-flushed; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-synced; err != nil {
+		t.Fatal(err)
+	}
+	if n := calls.Load(); n < 2 {
+		t.Fatalf("%d fdatasync rounds, want Sync's own after the one in flight", n)
+	}
+}

@@ -643,12 +643,12 @@ const (
 //
 // It also asks the file systems, at no I/O: the store's (through its first
 // data file and badger's manifest) and each open raw volume's file, or its
-// device (probeDevice). A file
-// system shut down (XFS after a metadata write error; ext4 or XFS by
-// FS_IOC_SHUTDOWN) refuses to open a file, with EIO, and one made
-// read-only after an error (ext4 mounted errors=remount-ro) refuses
-// to open one for writing, with EROFS: either way the store can no longer
-// write, which without the probe only the next flush or commit would tell.
+// device (probeDevice). A file system shut down (XFS after a metadata
+// write error; ext4 or XFS by FS_IOC_SHUTDOWN) refuses to open a file,
+// with EIO, and one made read-only after an error (ext4 mounted
+// errors=remount-ro) refuses to open one for writing, with EROFS: either
+// way the store can no longer write, which without the probe only the
+// next flush or commit would tell.
 func (b *thinBackend) Health() error {
 	if err := b.checkFailed(); err != nil {
 		return err
@@ -667,18 +667,18 @@ func (b *thinBackend) Health() error {
 		}
 	}
 	for _, d := range b.raws {
-		if err := d.checkFailed(); err != nil {
-			errs = append(errs, fmt.Errorf("raw volume %q: %w", d.name, err))
-		} else if d.device {
-			if err := probeDevice(d.fd); err != nil {
-				errs = append(errs, fmt.Errorf("raw volume %q: %w", d.name, err))
-			}
-		} else {
+		err := d.checkFailed()
+		switch {
+		case err != nil:
+		case d.device:
+			err = probeDevice(d.fd)
+		default:
 			// Opened anew through the descriptor: the file, wherever it
 			// was renamed to.
-			if err := probeFile(fmt.Sprintf("/proc/self/fd/%d", d.fd)); err != nil {
-				errs = append(errs, fmt.Errorf("raw volume %q: %w", d.name, err))
-			}
+			err = probeFile(fmt.Sprintf("/proc/self/fd/%d", d.fd))
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("raw volume %q: %w", d.name, err))
 		}
 	}
 	return errors.Join(errs...)

@@ -51,10 +51,12 @@ type crashSnaps struct {
 	mu     sync.Mutex
 	n      int
 	snaps  []*crashSnap
-	maybe  []*crashSnap // a command that failed: the snapshot may exist
-	doomed []*crashSnap // a delete that failed: the snapshot may be gone
 	clones []*crashClone
-	maybeC []string
+	// What commands that failed or overlapped a power cut
+	// (crashModel.overlapsCut) may have left:
+	maybe  []*crashSnap // snapshots made that may exist
+	doomed []*crashSnap // snapshots deleted that may be there still
+	maybeC []string     // clones made or deleted that may exist
 	stats  struct{ snaps, clones, deleted, failed int }
 }
 
@@ -104,7 +106,7 @@ func (s *crashSnaps) run(ctx context.Context, m *crashModel, c *initiator.Client
 	for _, cl := range s.clones {
 		wg.Add(1)
 		seed := rng.Uint64() // drawn here: rng belongs to this goroutine
-		go func() { defer wg.Done(); cl.write(ctx, stop, seed) }()
+		go func() { defer wg.Done(); cl.write(ctx, m, stop, seed) }()
 	}
 	s.mu.Unlock()
 	for {
@@ -120,13 +122,13 @@ func (s *crashSnaps) run(ctx context.Context, m *crashModel, c *initiator.Client
 		case r < 5 && !many:
 			s.snapshot(ctx, m, c)
 		case r < 7:
-			if cl := s.clone(ctx, rng); cl != nil {
+			if cl := s.clone(ctx, m, rng); cl != nil {
 				wg.Add(1)
 				seed := rng.Uint64()
-				go func() { defer wg.Done(); cl.write(ctx, stop, seed) }()
+				go func() { defer wg.Done(); cl.write(ctx, m, stop, seed) }()
 			}
 		default:
-			s.deleteOne(rng)
+			s.deleteOne(m, rng)
 		}
 	}
 }
@@ -146,10 +148,11 @@ func (s *crashSnaps) snapshot(ctx context.Context, m *crashModel, c *initiator.C
 	m.mu.Lock()
 	sn.lo, sn.hi = m.durable, m.issued
 	m.mu.Unlock()
+	d0 := m.downs.Load()
 	_, err := s.ctl(map[string]any{"op": "snapshot", "name": s.vol, "snap": sn.name})
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err != nil {
+	if err != nil || m.overlapsCut(d0) {
 		s.stats.failed++
 		s.maybe = append(s.maybe, sn)
 		return
@@ -160,7 +163,7 @@ func (s *crashSnaps) snapshot(ctx context.Context, m *crashModel, c *initiator.C
 
 // clone makes a clone of a snapshot already read (so its content is
 // known), at most 2 at a time.
-func (s *crashSnaps) clone(ctx context.Context, rng *rand.Rand) *crashClone {
+func (s *crashSnaps) clone(ctx context.Context, m *crashModel, rng *rand.Rand) *crashClone {
 	s.mu.Lock()
 	var read []*crashSnap
 	for _, sn := range s.snaps {
@@ -176,8 +179,9 @@ func (s *crashSnaps) clone(ctx context.Context, rng *rand.Rand) *crashClone {
 	cl := &crashClone{name: fmt.Sprintf("c%d", s.n), base: read[rng.IntN(len(read))],
 		durable: map[uint64]uint64{}, issued: map[uint64]uint64{}, next: cloneSeqBase}
 	s.mu.Unlock()
+	d0 := m.downs.Load()
 	_, err := s.ctl(map[string]any{"op": "clone", "name": s.vol, "snap": cl.base.name, "new_name": cl.name})
-	if err != nil {
+	if err != nil || m.overlapsCut(d0) {
 		s.mu.Lock()
 		s.stats.failed++
 		s.maybeC = append(s.maybeC, cl.name)
@@ -201,8 +205,9 @@ func (s *crashSnaps) clone(ctx context.Context, rng *rand.Rand) *crashClone {
 	return cl
 }
 
-// write writes FUA blocks to the clone until stop.
-func (cl *crashClone) write(ctx context.Context, stop chan struct{}, seed uint64) {
+// write writes FUA blocks to the clone until stop; a write that overlaps
+// a power cut counts as unanswered (crashModel.overlapsCut).
+func (cl *crashClone) write(ctx context.Context, m *crashModel, stop chan struct{}, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 3))
 	buf := make([]byte, crashBlock)
 	for {
@@ -218,7 +223,8 @@ func (cl *crashClone) write(ctx context.Context, stop chan struct{}, seed uint64
 		cl.issued[block] = seq
 		cl.mu.Unlock()
 		encodeBlock(buf, block, seq)
-		if err := cl.c.WriteAt(ctx, buf, int64(block)*crashBlock, true); err != nil {
+		d0 := m.downs.Load()
+		if err := cl.c.WriteAt(ctx, buf, int64(block)*crashBlock, true); err != nil || m.overlapsCut(d0) {
 			continue
 		}
 		cl.mu.Lock()
@@ -229,14 +235,15 @@ func (cl *crashClone) write(ctx context.Context, stop chan struct{}, seed uint64
 
 // deleteOne deletes the oldest clone when there are two, else the oldest
 // snapshot without clones when there are more than three.
-func (s *crashSnaps) deleteOne(rng *rand.Rand) {
+func (s *crashSnaps) deleteOne(m *crashModel, rng *rand.Rand) {
 	s.mu.Lock()
 	if len(s.clones) == 2 && rng.IntN(2) == 0 {
 		cl := s.clones[0]
 		s.clones = s.clones[1:]
 		s.mu.Unlock()
 		cl.c.Close()
-		if _, err := s.ctl(map[string]any{"op": "delete", "name": cl.name}); err != nil {
+		d0 := m.downs.Load()
+		if _, err := s.ctl(map[string]any{"op": "delete", "name": cl.name}); err != nil || m.overlapsCut(d0) {
 			s.mu.Lock()
 			s.stats.failed++
 			s.maybeC = append(s.maybeC, cl.name)
@@ -261,11 +268,12 @@ func (s *crashSnaps) deleteOne(rng *rand.Rand) {
 	if victim == nil {
 		return
 	}
+	d0 := m.downs.Load()
 	_, err := s.ctl(map[string]any{"op": "delete-snapshot", "name": s.vol, "snap": victim.name})
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.snaps = slices.DeleteFunc(s.snaps, func(sn *crashSnap) bool { return sn == victim })
-	if err == nil {
+	if err == nil && !m.overlapsCut(d0) {
 		s.stats.deleted++
 	} else {
 		s.stats.failed++
@@ -401,6 +409,6 @@ func (cl *crashClone) verify(ctx context.Context) []string {
 func (s *crashSnaps) summary() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return fmt.Sprintf("%d snapshots and %d clones live (%d snapshots, %d clones made, %d deleted, %d commands cut by the kill so far)",
+	return fmt.Sprintf("%d snapshots and %d clones live (%d snapshots, %d clones made, %d deleted, %d commands cut by the crashes so far)",
 		len(s.snaps), len(s.clones), s.stats.snaps, s.stats.clones, s.stats.deleted, s.stats.failed)
 }

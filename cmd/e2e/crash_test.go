@@ -194,6 +194,31 @@ func (m *crashModel) overlapsCut(d0 uint64) bool {
 	return m.powerCut && (d0%2 == 1 || m.downs.Load() != d0)
 }
 
+// TestOverlapsCut checks which answers the model counts with power cuts:
+// those of operations that ran while rtarget was up, between two cuts.
+func TestOverlapsCut(t *testing.T) {
+	for _, c := range []struct {
+		powerCut bool
+		d0, d1   uint64 // downs when the operation began and ended
+		want     bool
+	}{
+		{true, 0, 0, false},  // before the first cut
+		{true, 2, 2, false},  // after a restart
+		{true, 0, 1, true},   // the cut began while it ran
+		{true, 0, 2, true},   // ... and rtarget was back before it ended
+		{true, 1, 1, true},   // began while rtarget was down
+		{true, 1, 2, true},   // ... and was answered after the restart
+		{false, 0, 1, false}, // a kill: every answer counts
+		{false, 1, 2, false},
+	} {
+		m := &crashModel{powerCut: c.powerCut}
+		m.downs.Store(c.d1)
+		if got := m.overlapsCut(c.d0); got != c.want {
+			t.Errorf("powerCut %v, downs %d then %d: overlapsCut %v, want %v", c.powerCut, c.d0, c.d1, got, c.want)
+		}
+	}
+}
+
 type verifyStats struct {
 	blocks, zeros, atDurable, newer int
 	problems                        []string

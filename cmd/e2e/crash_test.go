@@ -183,10 +183,9 @@ func (m *crashModel) flushLocked(ctx context.Context, c *initiator.Client) (bool
 // the simulated one (loopfs.FS.PowerCut, FS_IOC_SHUTDOWN) leaves rtarget
 // and the kernel running, and an fdatasync already in the kernel when the
 // file system is shut down can return success after it although what it
-// was to make durable is lost: on ext4 an fdatasync that began just
-// before the shutdown returned 0 about 5 ms after it, the next one EIO,
-// and the block it covered (its first write, whose allocation the aborted
-// journal never committed) read as zeros after the remount. Answers given
+// was to make durable is lost: on ext4, a block allocated in the journal
+// transaction the shutdown aborts (jbd2 reports success for a transaction
+// that is no longer running or committing, aborted or not). Answers given
 // before the cut keep counting in full. With a kill (powerCut false)
 // every answer counts: a killed rtarget answers nothing, and what it wrote
 // before stays in the kernel's page cache.

@@ -125,9 +125,10 @@ type conn struct {
 	raw       syscall.RawConn // nil when the connection offers none (no inline sends)
 	// sr reads the socket for the receiver (see package sockio); nil when
 	// the connection offers no syscall.RawConn.
-	sr *sockio.Reader
-	tx txState
-	rx rxState
+	sr    *sockio.Reader
+	tx    txState
+	rx    rxState
+	drive driveState
 }
 
 // Attach moves an Idle QP to RTS on an established stream (Modify QP
@@ -167,6 +168,12 @@ func (qp *QP) Attach(s Stream) error {
 	qp.term, qp.termSent = nil, false
 	qp.setStateLocked(StateRTS)
 	qp.mu.Unlock()
+	if cfg := &qp.cfg; cfg.SendCQ == cfg.RecvCQ {
+		cfg.SendCQ.attach(c, 2)
+	} else {
+		cfg.SendCQ.attach(c, 1)
+		cfg.RecvCQ.attach(c, 1)
+	}
 	go c.rxMain()
 	go c.txMain()
 	return nil
@@ -190,6 +197,7 @@ func newConn(qp *QP, s Stream) *conn {
 		stop:     make(chan struct{}),
 		txDone:   make(chan struct{}),
 		rxDone:   make(chan struct{}),
+		drive:    driveState{handback: make(chan struct{}, 1)},
 		resp:     make([]respJob, 0, max(qp.ird, 1)+1), // +1: the one being sent once its IRD place is freed
 	}
 	c.log = qp.dev.log.With("qp", qp.id, "peer", c.info.Remote)
@@ -226,11 +234,15 @@ func addrString(a net.Addr) string {
 type rxSource struct{ c *conn }
 
 func (s rxSource) Read(p []byte) (int, error) {
-	s.c.rx.batchEnd()
-	if s.c.sr == nil {
-		return s.c.nc.Read(p)
+	c := s.c
+	c.rx.batchEnd()
+	switch {
+	case c.sr == nil:
+		return c.nc.Read(p)
+	case c.rd.Idle():
+		return c.readIdle(p) // the receive may pause here (drive.go)
 	}
-	return s.c.sr.Read(p)
+	return c.read(p, nil, false)
 }
 
 // ReadVec reads into a, then b, in one system call where the connection
@@ -241,7 +253,7 @@ func (s rxSource) ReadVec(a, b []byte) (int, error) {
 	if s.c.sr == nil {
 		return s.c.nc.Read(a)
 	}
-	return s.c.sr.ReadVec(a, b)
+	return s.c.read(a, b, false)
 }
 
 // kick wakes the transmitter.
@@ -324,7 +336,7 @@ func (c *conn) closeGracefully() {
 		c.abortWith(EventBadClose)
 		return
 	}
-	c.nc.SetReadDeadline(time.Now().Add(c.dev.cfg.CloseTimeout))
+	c.setReadDeadline(time.Now().Add(c.dev.cfg.CloseTimeout))
 	c.setMode(txGraceful)
 }
 
@@ -379,6 +391,7 @@ const (
 func (c *conn) rxMain() {
 	defer close(c.rxDone)
 	end, err := c.rx.run()
+	c.driveEnd()
 	c.rx.batchEnd() // what the last batch completed
 	c.endOfStream(end, err)
 }
@@ -424,7 +437,7 @@ func (c *conn) streamErr(err error) error {
 // Terminate or FIN can arrive and our FIN is answered. It reports whether
 // the close completed cleanly.
 func (c *conn) drain() bool {
-	c.nc.SetReadDeadline(time.Now().Add(c.dev.cfg.CloseTimeout))
+	c.setReadDeadline(time.Now().Add(c.dev.cfg.CloseTimeout))
 	_, err := io.Copy(io.Discard, c.nc)
 	return err == nil
 }
@@ -536,4 +549,6 @@ func (c *conn) detach(final QPState) {
 	qp.conn = nil
 	qp.setStateLocked(final)
 	qp.mu.Unlock()
+	qp.cfg.SendCQ.detach(c)
+	qp.cfg.RecvCQ.detach(c)
 }

@@ -30,8 +30,16 @@ type CQ struct {
 	ch         chan struct{}
 	// headA and tailA mirror head and tail for lock-free emptiness checks.
 	headA, tailA atomic.Uint32
-	// direct is the direct handler (SetDirectHandler), or nil.
-	direct func() bool
+	// direct is the direct handler (SetDirectHandler), or nil; hasDirect
+	// mirrors direct != nil for lock-free checks.
+	direct    func() bool
+	hasDirect atomic.Bool
+	// drv is the one attached stream whose QP uses this CQ alone, whose
+	// receive Wait may drive (drive.go); nil when there is none.
+	drv atomic.Pointer[conn]
+	// driving is the stream a waiter on this CQ drives now, or nil: a
+	// completion queued from elsewhere kicks it.
+	driving atomic.Pointer[conn]
 }
 
 type notifyKind uint8
@@ -142,20 +150,44 @@ func (cq *CQ) C() <-chan struct{} { return cq.ch }
 
 // Wait polls completions into wcs, blocking until at least one is there or
 // ctx ends. It uses the arm-then-poll sequence, so no completion is missed.
+//
+// When one attached stream uses the CQ alone and neither of its QP's CQs
+// has a direct handler, Wait runs that stream's receive itself, waiting in
+// the network poller on its socket, rather than being woken by the receive
+// goroutine (drive.go; unless Config.NoWaitDrive). Between Waits the
+// receive stays with the waiters for a while (lendFor): what arrives for
+// the stream meanwhile is read at the next Wait, or by the receive
+// goroutine once that time has passed. While Wait runs the receive, its
+// ctx ends the wait at the stream's next FPDU boundary. Wait may signal
+// C() spuriously.
 func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
-	spin := 0
-	if spinHelps() {
-		spin = waitSpin
+	c := cq.drv.Load()
+	if c != nil && !c.drivable() {
+		c = nil
 	}
-	for i := 0; i < spin; i++ {
-		if cq.pending() {
-			break
+	if c == nil {
+		spin := 0
+		if spinHelps() {
+			spin = waitSpin
 		}
-		runtime.Gosched()
+		for i := 0; i < spin; i++ {
+			if cq.pending() {
+				break
+			}
+			runtime.Gosched()
+		}
 	}
 	for {
 		if n := cq.Poll(wcs); n > 0 {
 			return n, nil
+		}
+		if c != nil {
+			if err := ctx.Err(); err != nil {
+				return 0, err
+			}
+			if c.driveFor(ctx, cq) {
+				continue
+			}
 		}
 		if err := cq.RequestNotify(false); err != nil {
 			return 0, err
@@ -168,6 +200,15 @@ func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
+	}
+}
+
+// signal wakes a waiter parked in Wait (or a reader of C()) without a
+// completion: the receive it asked for is lent (drive.go).
+func (cq *CQ) signal() {
+	select {
+	case cq.ch <- struct{}{}:
+	default:
 	}
 }
 
@@ -241,8 +282,27 @@ func (cq *CQ) use(delta int) error {
 		return ErrInvalidCQ
 	}
 	cq.users += delta
+	if c := cq.drv.Load(); c != nil && delta > 0 {
+		// Another work queue: no stream uses this CQ alone any more.
+		cq.drv.Store(nil)
+		c.reclaim()
+	}
 	return nil
 }
+
+// attach makes c, whose QP uses the CQ with uses work queues (1, or 2 as
+// both its send and receive CQ), the stream Wait may drive, if no other
+// work queue uses the CQ.
+func (cq *CQ) attach(c *conn, uses int) {
+	cq.mu.Lock()
+	if cq.users == uses && c.sr != nil && !cq.dev.cfg.NoWaitDrive {
+		cq.drv.Store(c)
+	}
+	cq.mu.Unlock()
+}
+
+// detach forgets c as the stream Wait may drive.
+func (cq *CQ) detach(c *conn) { cq.drv.CompareAndSwap(c, nil) }
 
 // push adds a completion. It reports false on overflow: the completion is not
 // stored (nothing is ever overwritten) and a CQ Overflow event is raised,
@@ -291,6 +351,12 @@ func (cq *CQ) pushHeld(wc WC, qp *QP, rx *rxState) bool {
 		h = cq.handler
 	}
 	cq.mu.Unlock()
+	if d := cq.driving.Load(); d != nil && rx != &d.rx {
+		// A waiter drives a stream's receive, and this completion does
+		// not come from it: it would not see it before that stream's
+		// next bytes.
+		d.kickWaiter()
+	}
 	if fire {
 		cq.fire(h)
 	}
@@ -326,7 +392,11 @@ func (cq *CQ) fire(h HandlerID) {
 func (cq *CQ) SetDirectHandler(fn func() bool) {
 	cq.mu.Lock()
 	cq.direct = fn
+	cq.hasDirect.Store(fn != nil)
 	cq.mu.Unlock()
+	if c := cq.drv.Load(); c != nil && fn != nil {
+		c.reclaim() // the receive goroutine runs fn: give it the receive now
+	}
 }
 
 // runDirect calls the direct handler at the end of a receive batch, or

@@ -38,10 +38,20 @@ type Config struct {
 	// AsyncHandler, if set, is installed before Open returns, so no event is
 	// lost (draft §9.4.2).
 	AsyncHandler func(AsyncEvent)
+	// NoWaitDrive: CQ.Wait never runs a stream's receive itself (drive.go);
+	// the receive goroutine wakes it, as for a CQ several streams use. For a
+	// consumer whose QPs serve the peer's Reads, Writes and Atomics while
+	// it is busy between Waits: with the default, a stream's receive stays
+	// with its waiters for a while after each Wait, and what arrives then
+	// waits for the next Wait or up to about a millisecond.
+	NoWaitDrive bool
 
 	// seed, when set (in-package tests only), replaces the crypto/rand seed
 	// of the STag generator so that fuzzing can reach real STags.
 	seed *[32]byte
+	// lendFor, when set (in-package tests only), replaces lendFor
+	// (drive.go).
+	lendFor time.Duration
 }
 
 // DefaultConfig returns the default limits.

@@ -19,7 +19,8 @@
 //   - STag checks: stag.go (remoteAccess for inbound tagged access,
 //     localAccess for SGEs), mw.go (bind, invalidate), mr.go (registration);
 //   - receive path: rx.go (one goroutine per stream: parse, check, place,
-//     complete); transmit path: tx.go (one goroutine per stream: SQ WQEs and
+//     complete; a consumer blocked in CQ.Wait may run it instead: drive.go);
+//     transmit path: tx.go (one goroutine per stream: SQ WQEs and
 //     responses into batched FPDUs); stream lifecycle and the QP state
 //     machine's automatic transitions: conn.go; verbs-level transitions:
 //     qp.go; completions: cq.go, sq.go.
@@ -28,7 +29,11 @@
 //
 // Every verb is safe for concurrent use. Completion and asynchronous event
 // handlers run on one dispatcher goroutine per device, in order, outside all
-// engine locks. Buffers named by posted work requests belong to the RNIC
+// engine locks. Two extensions let the consumer's goroutines run the
+// engine's receive: a direct handler (CQ.SetDirectHandler) runs on the
+// receive goroutine at the end of each batch, and CQ.Wait runs the receive
+// of the stream it waits for itself (drive.go; Config.NoWaitDrive turns
+// that off). Buffers named by posted work requests belong to the RNIC
 // until their completion is polled: the CQ's lock orders the engine's writes
 // before the consumer's reads.
 //

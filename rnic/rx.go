@@ -1,11 +1,13 @@
 package rnic
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 
 	"github.com/rnic-dev/rnic/rnic/ddp"
+	"github.com/rnic-dev/rnic/rnic/mpa"
 	"github.com/rnic-dev/rnic/rnic/rdmap"
 	"github.com/rnic-dev/rnic/rnic/term"
 )
@@ -49,6 +51,10 @@ type rxState struct {
 	// respQueued: Read or Atomic Responses were queued since the last
 	// batch end; they leave then, together.
 	respQueued bool
+	// driver is the CQ of the waiter running the loop (drive.go), with
+	// its ctx; nil while the receive goroutine runs it.
+	driver   *CQ
+	driveCtx context.Context
 }
 
 // deferTo notes that the batch queued a completion on cq, whose direct
@@ -187,34 +193,53 @@ func (r *rxState) pushRecv(wc WC, inBatch bool) bool {
 	return r.qp.cfg.RecvCQ.pushHeld(wc, held, rx)
 }
 
-// run is the receive loop.
+// run is the receive goroutine's loop: it runs the receive, lending it to
+// the waiters that drive it when they ask (drive.go), until the stream
+// ends.
 func (r *rxState) run() (rxEnd, error) {
+	for {
+		end, err, paused := r.loop()
+		if !paused {
+			return end, err
+		}
+		if end, err, ended := r.c.lend(); ended {
+			return end, err
+		}
+	}
+}
+
+// loop receives FPDUs until the stream ends (why, and the error), or until
+// it pauses at an FPDU boundary (paused; see conn.readIdle).
+func (r *rxState) loop() (end rxEnd, err error, paused bool) {
 	c := r.c
 	rd := c.rd
 	for {
 		n, err := rd.Next()
+		if err == mpa.ErrWouldBlock {
+			return 0, nil, true
+		}
 		if err != nil {
 			var te *term.Error
 			if errors.As(err, &te) {
 				c.fail(rdmap.TerminateFor(te.Cause, nil, 0), EventLLPBadFPDU, err)
-				return endProtocol, err
+				return endProtocol, err, false
 			}
-			return c.classifyReadErr(err, true), err
+			return c.classifyReadErr(err, true), err, false
 		}
 		switch r.qp.loadState() {
 		case StateTerminate:
-			return endProtocol, nil
+			return endProtocol, nil, false
 		case StateClosing:
-			return endLost, errors.New("segment received while closing")
+			return endLost, errors.New("segment received while closing"), false
 		case StateError, StateIdle:
-			return endAbort, nil
+			return endAbort, nil, false
 		}
 		r.act = rxAction{}
 		perr := r.segment(n)
 		if perr != nil {
 			var pe *protoErr
 			if !errors.As(perr, &pe) {
-				return c.classifyReadErr(perr, false), perr // I/O error mid-FPDU
+				return c.classifyReadErr(perr, false), perr, false // I/O error mid-FPDU
 			}
 		}
 		if ferr := rd.Finish(); ferr != nil {
@@ -225,9 +250,9 @@ func (r *rxState) run() (rxEnd, error) {
 					ev = EventLLPBadFPDU
 				}
 				c.fail(rdmap.TerminateFor(te.Cause, nil, 0), ev, ferr)
-				return endProtocol, ferr
+				return endProtocol, ferr, false
 			}
-			return c.classifyReadErr(ferr, false), ferr
+			return c.classifyReadErr(ferr, false), ferr, false
 		}
 		if perr != nil {
 			pe := perr.(*protoErr)
@@ -235,7 +260,7 @@ func (r *rxState) run() (rxEnd, error) {
 				r.completeRecv(pe.wc, 0)
 			}
 			c.fail(pe.f, pe.ev, pe.err)
-			return endProtocol, pe
+			return endProtocol, pe, false
 		}
 		if !r.sawFirst {
 			r.sawFirst = true
@@ -244,7 +269,7 @@ func (r *rxState) run() (rxEnd, error) {
 			}
 		}
 		if end, done := r.apply(); done {
-			return end, nil
+			return end, nil, false
 		}
 	}
 }

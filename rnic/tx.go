@@ -183,12 +183,17 @@ const (
 // takes the transmitter, so goroutines made runnable together (workers
 // woken by one batch of completions, requests read in one burst) add their
 // messages first and all go out in one write. Alone, the yield costs well
-// under a microsecond; a loopback write saved costs several.
+// under a microsecond; a loopback write saved costs several. Not while a
+// waiter drives the stream's receive (drive.go): its consumer posts alone,
+// and the yield, which always wakes an idle P, woke another thread per
+// post (BenchmarkRead4K).
 func (c *conn) pushInline() {
 	if c.combining.Swap(true) {
 		return // the goroutine yielding in pushInline sends ours too
 	}
-	runtime.Gosched()
+	if c.drive.baton.Load() != batonLent {
+		runtime.Gosched()
+	}
 	// Clear before draining: work queued after this store finds the flag
 	// clear and pushes (or kicks) itself.
 	c.combining.Store(false)

@@ -18,6 +18,8 @@ type Reader struct {
 	n     int
 	errno syscall.Errno
 	fn    func(fd uintptr) bool // made once: a closure per read would allocate
+	// nowait: a read that finds nothing returns EAGAIN (TryRead).
+	nowait bool
 }
 
 // NewReader returns a Reader of nc, or nil when nc offers no
@@ -45,6 +47,10 @@ func NewReader(nc net.Conn) *Reader {
 			case syscall.EINTR:
 				continue
 			case syscall.EAGAIN:
+				if r.nowait {
+					r.n, r.errno = 0, e
+					return true
+				}
 				return false // wait until readable
 			}
 			r.n, r.errno = n, e
@@ -57,6 +63,15 @@ func NewReader(nc net.Conn) *Reader {
 // Read reads what is there, at least one byte, or returns io.EOF at the
 // end of the stream.
 func (r *Reader) Read(p []byte) (int, error) { return r.ReadVec(p, nil) }
+
+// TryRead is Read without waiting: when nothing is there it returns an
+// error that is syscall.EAGAIN (errors.Is).
+func (r *Reader) TryRead(p []byte) (int, error) {
+	r.nowait = true
+	n, err := r.ReadVec(p, nil)
+	r.nowait = false
+	return n, err
+}
 
 // ReadVec reads into a, then b, in one system call: what is there, at
 // least one byte, or io.EOF at the end of the stream.

@@ -183,3 +183,56 @@ func TestReaderNoAllocs(t *testing.T) {
 		t.Fatalf("%v allocations per write and read, want 0", allocs)
 	}
 }
+
+// TestTryRead: TryRead returns EAGAIN at once on an empty socket, what is
+// there otherwise, and leaves the Reader waiting as before.
+func TestTryRead(t *testing.T) {
+	a, b := pair(t)
+	r := NewReader(b)
+	buf := make([]byte, 64)
+	start := time.Now()
+	if n, err := r.TryRead(buf); n != 0 || !errors.Is(err, syscall.EAGAIN) {
+		t.Fatalf("TryRead of an empty socket: %d, %v; want EAGAIN", n, err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("TryRead waited %v", d)
+	}
+	if _, err := a.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		if n, err = r.TryRead(buf); !errors.Is(err, syscall.EAGAIN) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("TryRead with data there: %q, %v", buf[:n], err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Read(buf)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("Read after TryRead returned without data: %v", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	a.Write([]byte("x"))
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		if _, err = r.TryRead(buf); !errors.Is(err, syscall.EAGAIN) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err != io.EOF {
+		t.Fatalf("TryRead at the end of the stream: %v, want EOF", err)
+	}
+}

@@ -151,7 +151,11 @@ func (r *Reader) fill() error {
 		end = min(end, r.hi+directTail)
 	}
 	for range maxEmptyReads {
+		idle := r.Idle()
 		n, err := r.r.Read(r.buf[r.hi:end])
+		if err == ErrWouldBlock && n == 0 && idle {
+			return err // not sticky: see ErrWouldBlock
+		}
 		r.hi += n
 		if err != nil {
 			r.readErr = err
@@ -306,6 +310,9 @@ func (r *Reader) Next() (int, error) {
 	}
 	if r.hi == r.lo {
 		if err := r.fill(); err != nil {
+			if err == ErrWouldBlock {
+				return 0, err
+			}
 			if err == io.EOF {
 				return 0, r.fail(io.EOF)
 			}
@@ -338,6 +345,16 @@ func (r *Reader) Next() (int, error) {
 }
 
 var errBeyond = errors.New("mpa: read past the end of the ULPDU")
+
+// ErrWouldBlock is what a stream source may return from Read, with no
+// bytes, while the Reader is Idle, to make Next return at once: Next then
+// returns it and nothing changes; the next call reads again. Returned
+// anywhere else it is a read error like any other.
+var ErrWouldBlock = errors.New("mpa: nothing to read now")
+
+// Idle reports that the Reader is between FPDUs with nothing buffered: a
+// read of the source now is for the next FPDU's first bytes.
+func (r *Reader) Idle() bool { return !r.inFPDU && r.hi == r.lo }
 
 // ReadFull reads the next len(p) ULPDU bytes into p, checksumming them as
 // it copies. Asking for more than Remaining is an error.

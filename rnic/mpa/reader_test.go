@@ -570,3 +570,99 @@ func BenchmarkReader(b *testing.B) {
 		})
 	}
 }
+
+// blockingSource returns ErrWouldBlock at the points listed (read call
+// numbers), the stream otherwise, a few bytes at a time.
+type blockingSource struct {
+	b     []byte
+	r     *Reader
+	calls int
+	at    map[int]bool
+	step  int
+}
+
+func (s *blockingSource) Read(p []byte) (int, error) {
+	s.calls++
+	if s.at[s.calls] {
+		return 0, ErrWouldBlock
+	}
+	if len(s.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), s.step)], s.b)
+	s.b = s.b[n:]
+	return n, nil
+}
+
+// readOne reads the next FPDU's ULPDU whole.
+func readOne(t *testing.T, r *Reader) []byte {
+	t.Helper()
+	n, err := r.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := make([]byte, n)
+	if err := r.ReadFull(u); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Finish(); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// TestReaderWouldBlock: a source's ErrWouldBlock at an FPDU boundary
+// (Idle) makes Next return it with nothing changed, and the stream reads
+// on afterwards; anywhere else it is a read error that sticks.
+func TestReaderWouldBlock(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	us := ulpdus(rng, 20, 300)
+	stream := plainStream(us, true)
+	t.Run("at boundaries", func(t *testing.T) {
+		src := &blockingSource{b: stream, step: len(stream)}
+		r := NewReader(src, ReaderConfig{CRC: true, BufSize: 64})
+		var got [][]byte
+		blocked := 0
+		for len(got) < len(us) {
+			if !r.Idle() {
+				t.Fatalf("not idle before FPDU %d", len(got))
+			}
+			src.at = map[int]bool{src.calls + 1: true}
+			if n, err := r.Next(); err != ErrWouldBlock || n != 0 {
+				t.Fatalf("Next with the source blocking: %d, %v", n, err)
+			}
+			blocked++
+			if !r.Idle() {
+				t.Fatal("ErrWouldBlock changed the Reader's state")
+			}
+			got = append(got, readOne(t, r))
+			// Drain what the buffer holds so that the next Next reads.
+			for !r.Idle() && len(got) < len(us) {
+				got = append(got, readOne(t, r))
+			}
+		}
+		sameULPDUs(t, got, us)
+		if blocked == 0 {
+			t.Fatal("the source never blocked")
+		}
+		if _, err := r.Next(); err != io.EOF {
+			t.Fatalf("end of stream: %v", err)
+		}
+	})
+	t.Run("inside an FPDU", func(t *testing.T) {
+		// Three bytes per read: the second read is inside the first
+		// FPDU's ULPDU.
+		src := &blockingSource{b: stream, step: 3, at: map[int]bool{2: true}}
+		r := NewReader(src, ReaderConfig{CRC: true, BufSize: 64})
+		n, err := r.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.ReadFull(make([]byte, n)); !errors.Is(err, ErrWouldBlock) || err == ErrWouldBlock {
+			t.Fatalf("ErrWouldBlock inside an FPDU: %v, want a read error wrapping it", err)
+		}
+		if _, err := r.Next(); err == nil {
+			t.Fatal("the error did not stick")
+		}
+	})
+}

@@ -437,6 +437,7 @@ func (c *conn) streamErr(err error) error {
 // Terminate or FIN can arrive and our FIN is answered. It reports whether
 // the close completed cleanly.
 func (c *conn) drain() bool {
+	c.unkick() // a kick meant for a waiter that drove the receive: none does now
 	c.setReadDeadline(time.Now().Add(c.dev.cfg.CloseTimeout))
 	_, err := io.Copy(io.Discard, c.nc)
 	return err == nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -353,5 +354,23 @@ func TestNoWaitDrive(t *testing.T) {
 	readLoop(t, a, b, 20)
 	if got := a.stream().drive.baton.Load(); got != batonRecv {
 		t.Fatalf("baton %d, want the receive goroutine's", got)
+	}
+}
+
+// TestDrainAfterKick: a kick left pending when the stream ends (meant for
+// a waiter that no longer drives) does not cut the end-of-stream drain
+// short: drain still waits for the peer's close.
+func TestDrainAfterKick(t *testing.T) {
+	p1, p2 := net.Pipe()
+	defer p1.Close()
+	c := &conn{nc: p1, dev: &Device{cfg: Config{CloseTimeout: 10 * time.Second}}}
+	c.kickWaiter()
+	go func() {
+		p2.Write([]byte("the peer's last bytes"))
+		time.Sleep(20 * time.Millisecond)
+		p2.Close()
+	}()
+	if !c.drain() {
+		t.Fatal("drain gave up before the peer closed")
 	}
 }

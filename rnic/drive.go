@@ -93,8 +93,8 @@ type driveState struct {
 	watchDone <-chan struct{}
 	watchStop func() bool
 
-	// The read deadline: a kick sets one in the past (kicked); at is the
-	// one the stream asked for (a close's), restored after a kick.
+	// The read deadline: a kick sets one in the past (kicked); dlAt is
+	// the one the stream asked for (a close's), restored after a kick.
 	dlMu   sync.Mutex
 	kicked bool
 	dlAt   time.Time
@@ -198,10 +198,7 @@ func (c *conn) lend() (end rxEnd, err error, ended bool) {
 		d.timer = time.AfterFunc(time.Hour, c.lendExpired)
 		d.timer.Stop()
 	}
-	d.lastExit.Store(int64(time.Since(d.t0)))
-	d.baton.Store(batonLent)
-	c.signalWant()
-	c.armLend(c.lendFor())
+	c.release()
 	select {
 	case <-d.handback:
 	case <-c.stop:
@@ -212,6 +209,21 @@ func (c *conn) lend() (end rxEnd, err error, ended bool) {
 		return d.end, d.endErr, true
 	}
 	return 0, nil, false
+}
+
+// release lends the receive (its holder pauses): it wakes the waiter that
+// asked for it and sets the timer that takes it back, or gives it back at
+// once when no waiter may drive it now (a direct handler was set).
+func (c *conn) release() {
+	d := &c.drive
+	d.lastExit.Store(int64(time.Since(d.t0)))
+	d.baton.Store(batonLent)
+	if !c.drivable() {
+		c.reclaim() // the direct handler runs on the receive goroutine
+		return
+	}
+	c.signalWant()
+	c.armLend(c.lendFor())
 }
 
 // signalWant wakes the waiter that asked for the receive, now lent.
@@ -286,14 +298,7 @@ func (c *conn) driveFor(ctx context.Context, cq *CQ) bool {
 		d.handback <- struct{}{}
 		return true
 	}
-	d.lastExit.Store(int64(time.Since(d.t0)))
-	d.baton.Store(batonLent)
-	if !c.drivable() {
-		c.reclaim() // a direct handler was set meanwhile: it runs on the receive goroutine
-		return true
-	}
-	c.signalWant()
-	c.armLend(c.lendFor())
+	c.release()
 	return true
 }
 

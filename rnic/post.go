@@ -24,7 +24,21 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 		qp.mu.Unlock()
 		return 0, fmt.Errorf("rnic: post send on QP %d in %s: %w", qp.id, st, ErrInvalidQPState)
 	}
-	n, err := qp.sq.post(wrs, qp.checkSendWR)
+	// Each WR is checked before any is queued, so that the list stops at
+	// the first bad one (as if checked in turn): the queue never sees it,
+	// and the caller's WRs stay on its stack (no func value they pass
+	// through, which would make every variadic call allocate).
+	k, bad := len(wrs), error(nil)
+	for i := range wrs {
+		if err := qp.checkSendWR(&wrs[i]); err != nil {
+			k, bad = i, err
+			break
+		}
+	}
+	n, err := qp.sq.post(wrs[:k])
+	if err == nil {
+		err = bad
+	}
 	qp.mu.Unlock()
 	if n > 0 && c != nil && qp.plugs.Load() == 0 {
 		c.pushInline()

@@ -68,16 +68,13 @@ func newSendQueue(depth, maxSGE, maxWriteSGE int) *sendQueue {
 
 func (q *sendQueue) at(i uint32) *sqEntry { return &q.ring[i&q.mask] }
 
-// post appends WRs after validating each with check. It returns how many
-// were queued.
-func (q *sendQueue) post(wrs []SendWR, check func(*SendWR) error) (int, error) {
+// post appends WRs, already validated. It returns how many were queued:
+// fewer than len(wrs) when the queue is full.
+func (q *sendQueue) post(wrs []SendWR) (int, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for i := range wrs {
 		wr := &wrs[i]
-		if err := check(wr); err != nil {
-			return i, err
-		}
 		if int(q.tail-q.head) >= q.depth {
 			return i, fmt.Errorf("rnic: post send %d: %w", wr.ID, ErrTooManyWRs)
 		}

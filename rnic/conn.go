@@ -439,8 +439,15 @@ func (c *conn) streamErr(err error) error {
 func (c *conn) drain() bool {
 	c.unkick() // a kick meant for a waiter that drove the receive: none does now
 	c.setReadDeadline(time.Now().Add(c.dev.cfg.CloseTimeout))
-	_, err := io.Copy(io.Discard, c.nc)
-	return err == nil
+	for {
+		_, err := io.Copy(io.Discard, c.nc)
+		// A kick can still land now (one that loaded cq.driving or the
+		// baton before the waiter gave the stream back): it is no timeout.
+		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) && c.unkick() {
+			continue
+		}
+		return err == nil
+	}
 }
 
 // endOfStream finishes a stream once the receive loop has stopped: it lets

@@ -396,6 +396,9 @@ func (cq *CQ) SetDirectHandler(fn func() bool) {
 	cq.mu.Unlock()
 	if c := cq.drv.Load(); c != nil && fn != nil {
 		c.reclaim() // the receive goroutine runs fn: give it the receive now
+		if c.drive.baton.Load() == batonWaiter {
+			c.kickWaiter() // a waiter drives: it gives it back when it pauses
+		}
 	}
 }
 

@@ -36,8 +36,10 @@ import (
 //     buffered, finds the socket empty (one read that does not wait) while
 //     a waiter asked for the receive (driveState.want): lend.
 //   - Lent -> Waiter: CQ.Wait takes it (driveFor) and runs the loop until the CQ
-//     holds a completion, its ctx ends, or it is kicked; it pauses only at an
-//     FPDU boundary with nothing buffered.
+//     holds a completion, its ctx ends, it is kicked, or the CQ no longer
+//     qualifies (SetDirectHandler kicks it: the handlers are the receive
+//     goroutine's to run); it pauses only at an FPDU boundary with nothing
+//     buffered, never inside an MPA header (mpa.Reader.Idle).
 //   - Waiter -> Lent: the waiter pauses (driveFor returns).
 //   - Waiter -> Recv: the stream ended while the waiter drove: the end goes
 //     to the receive goroutine, which ends the stream as always.
@@ -173,7 +175,10 @@ func (c *conn) read(a, b []byte, nowait bool) (int, error) {
 func (c *conn) readIdle(p []byte) (int, error) {
 	r := &c.rx
 	if cq := r.driver; cq != nil {
-		if cq.pending() || r.driveCtx.Err() != nil {
+		// !drivable: a direct handler was set while this waiter drove;
+		// the receive goroutine runs it (rxState.batchEnd kept what it
+		// is owed), so the receive goes back to it.
+		if cq.pending() || r.driveCtx.Err() != nil || !c.drivable() {
 			return 0, mpa.ErrWouldBlock
 		}
 		return c.read(p, nil, false)

@@ -147,16 +147,30 @@ func TestWaitDriveCtx(t *testing.T) {
 // the middle of an FPDU ends nothing before the FPDU is whole: the stream
 // is intact and the Read completes.
 func TestWaitDriveCtxMidFPDU(t *testing.T) {
+	ctxEndsWhileHeld(t, 64<<10, 1000) // part of the first Read Response FPDU
+}
+
+// TestWaitDriveCtxMidHeader: the same when the waiter has read only the
+// first byte of an FPDU's two-byte MPA header (a TCP segment boundary
+// there): the Reader is not between FPDUs, so the waiter must not pause.
+func TestWaitDriveCtxMidHeader(t *testing.T) {
+	ctxEndsWhileHeld(t, 4096, 1)
+}
+
+// ctxEndsWhileHeld ends a driving waiter's ctx once the proxy has let the
+// first hold bytes of the answer to a size-byte Read through, then lets
+// the rest through: the Read completes with its data, the stream intact.
+func ctxEndsWhileHeld(t *testing.T, size int, hold int64) {
 	var p *proxy
 	a, b := drivePair(t, time.Hour, pairOpts{proxy: &p})
 	lendToWaiters(t, a, b)
-	src, sb := b.reg(64<<10, LocalRead|RemoteRead)
+	src, sb := b.reg(size, LocalRead|RemoteRead)
 	for i := range sb {
 		sb[i] = byte(i * 7)
 	}
-	sink, db := a.reg(64<<10, LocalWrite|RemoteWrite)
-	held := p.hold(1000) // part of the first Read Response FPDU
-	a.post(SendWR{ID: 9, Op: WRRead, Local: SGE{STag: sink.STag(), Len: 64 << 10}, Remote: RemoteAddr{STag: src.STag()}})
+	sink, db := a.reg(size, LocalWrite|RemoteWrite)
+	held := p.hold(hold)
+	a.post(SendWR{ID: 9, Op: WRRead, Local: SGE{STag: sink.STag(), Len: uint32(size)}, Remote: RemoteAddr{STag: src.STag()}})
 	<-held
 	ctx, cancel := context.WithCancel(context.Background())
 	res := make(chan error, 1)
@@ -165,7 +179,7 @@ func TestWaitDriveCtxMidFPDU(t *testing.T) {
 		_, err := a.scq.Wait(ctx, wc[:])
 		res <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // the waiter reads what is let through and waits for more
 	cancel()
 	time.Sleep(20 * time.Millisecond)
 	p.unhold()
@@ -176,7 +190,7 @@ func TestWaitDriveCtxMidFPDU(t *testing.T) {
 		wc[0] = a.wait(a.scq)
 	}
 	if wc[0].Status != StatusSuccess || wc[0].ID != 9 || !bytes.Equal(db, sb) {
-		t.Fatalf("the Read: %+v, data equal %v", wc[0], bytes.Equal(db, sb))
+		t.Fatalf("the Read: %+v, data equal %v; QP %s", wc[0], bytes.Equal(db, sb), a.qp.Query().State)
 	}
 	readLoop(t, a, b, 3)
 }
@@ -247,10 +261,7 @@ func TestWaitDriveDirectHandler(t *testing.T) {
 		return true
 	})
 	waitBaton(t, a, batonRecv)
-	rmr, _ := a.reg(64, LocalWrite)
-	a.postRecv(7, rmr, 64)
-	smr, _ := b.reg(64, LocalRead)
-	b.post(SendWR{ID: 1, Op: WRSend, SGL: []SGE{{STag: smr.STag(), Len: 64}}})
+	sendOne(a, b)
 	select {
 	case wc := <-got:
 		if wc.ID != 7 || wc.Status != StatusSuccess {
@@ -373,4 +384,115 @@ func TestDrainAfterKick(t *testing.T) {
 	if !c.drain() {
 		t.Fatal("drain gave up before the peer closed")
 	}
+}
+
+// TestWaitDriveWantMidHeader: the receive goroutine holds the receive and
+// has read the first byte of an FPDU's MPA header when it finds that a
+// waiter asked for the receive and the socket is empty. It must not lend
+// the receive there: the stream must stay intact and the Read complete.
+func TestWaitDriveWantMidHeader(t *testing.T) {
+	var p *proxy
+	a, b := drivePair(t, time.Millisecond, pairOpts{proxy: &p})
+	lendToWaiters(t, a, b)
+	waitBaton(t, a, batonRecv) // the lend expired
+	time.Sleep(20 * time.Millisecond)
+	src, sb := b.reg(4096, LocalRead|RemoteRead)
+	for i := range sb {
+		sb[i] = byte(i * 7)
+	}
+	sink, db := a.reg(4096, LocalWrite|RemoteWrite)
+	held := p.hold(1)
+	res := make(chan WC, 1)
+	go func() { res <- a.wait(a.scq) }() // asks for the receive (want)
+	time.Sleep(20 * time.Millisecond)
+	a.post(SendWR{ID: 9, Op: WRRead, Local: SGE{STag: sink.STag(), Len: 4096}, Remote: RemoteAddr{STag: src.STag()}})
+	<-held
+	time.Sleep(20 * time.Millisecond) // the receive goroutine reads the byte
+	p.unhold()
+	var wc WC
+	select {
+	case wc = <-res:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no completion")
+	}
+	if wc.Status != StatusSuccess || wc.ID != 9 || !bytes.Equal(db, sb) {
+		t.Fatalf("the Read: %+v, data equal %v; QP %s", wc, bytes.Equal(db, sb), a.qp.Query().State)
+	}
+	readLoop(t, a, b, 3)
+}
+
+// TestWaitDriveDirectHandlerWhileDriving: a direct handler set on the
+// QP's other CQ while a waiter drives the receive (the waiter has nothing
+// to come on its own CQ yet) takes the receive back for the receive
+// goroutine, which runs the handler: it must not run inside the waiter's
+// CQ.Wait, and the waiter must not keep the receive until its ctx ends.
+func TestWaitDriveDirectHandlerWhileDriving(t *testing.T) {
+	a, b := drivePair(t, time.Hour, pairOpts{})
+	lendToWaiters(t, a, b)
+	c := a.stream()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res := make(chan error, 1)
+	go func() {
+		var wc [1]WC
+		_, err := a.scq.Wait(ctx, wc[:]) // nothing comes on scq: it drives
+		res <- err
+	}()
+	waitBaton(t, a, batonWaiter)
+	type call struct{ baton int32 }
+	got := make(chan call, 4)
+	a.rcq.SetDirectHandler(func() bool {
+		var wc [1]WC
+		for a.rcq.Poll(wc[:]) > 0 {
+			got <- call{c.drive.baton.Load()}
+		}
+		return true
+	})
+	sendOne(a, b)
+	select {
+	case cl := <-got:
+		if cl.baton != batonRecv {
+			t.Errorf("the direct handler ran with the receive baton %d (a waiter's: %d), not on the receive goroutine", cl.baton, batonWaiter)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the direct handler never ran")
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for c.drive.baton.Load() != batonRecv && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if bt := c.drive.baton.Load(); bt != batonRecv {
+		t.Errorf("2 s after SetDirectHandler the baton is %d, want the receive goroutine's (%d)", bt, batonRecv)
+	}
+	cancel()
+	<-res
+}
+
+// TestDrainLateKick: a kick can land after drain has begun: pushHeld
+// loads cq.driving, and ctxEnded the baton, before the waiter clears them
+// and gives the ended stream back, and kicks after. drain must still wait
+// for the peer's close rather than take the kick's deadline for the end
+// of CloseTimeout.
+func TestDrainLateKick(t *testing.T) {
+	p1, p2 := net.Pipe()
+	defer p1.Close()
+	c := &conn{nc: p1, dev: &Device{cfg: Config{CloseTimeout: 10 * time.Second}}}
+	go func() {
+		p2.Write([]byte("the peer's last bytes"))
+		c.kickWaiter() // late: drain is reading
+		time.Sleep(20 * time.Millisecond)
+		p2.Write([]byte("and its Terminate"))
+		p2.Close()
+	}()
+	if !c.drain() {
+		t.Fatal("drain gave up before the peer closed")
+	}
+}
+
+// sendOne has b send 64 bytes to a receive buffer that a posts (ID 7).
+func sendOne(a, b *side) {
+	rmr, _ := a.reg(64, LocalWrite)
+	a.postRecv(7, rmr, 64)
+	smr, _ := b.reg(64, LocalRead)
+	b.post(SendWR{ID: 1, Op: WRSend, SGL: []SGE{{STag: smr.STag(), Len: 64}}})
 }

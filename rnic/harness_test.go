@@ -318,22 +318,22 @@ func newProxy(t testing.TB, target string) *proxy {
 func (p *proxy) relay(dst, src net.Conn, toInitiator bool) {
 	buf := make([]byte, 32<<10)
 	for {
-		n := len(buf)
-		if toInitiator {
-			n = p.take(n)
-			if n == 0 {
-				return
+		k, err := src.Read(buf)
+		// The hold applies to what is written, so that one set while
+		// the relay waits in a read still stops the bytes that read
+		// returns at the budget.
+		for off := 0; off < k; {
+			m := k - off
+			if toInitiator {
+				if m = p.take(m); m == 0 {
+					return
+				}
 			}
-		}
-		k, err := src.Read(buf[:n])
-		if toInitiator {
-			p.giveBack(n - k)
-		}
-		if k > 0 {
-			if _, werr := dst.Write(buf[:k]); werr != nil {
+			if _, werr := dst.Write(buf[off : off+m]); werr != nil {
 				resetConn(src)
 				return
 			}
+			off += m
 		}
 		switch {
 		case err == io.EOF:
@@ -346,8 +346,8 @@ func (p *proxy) relay(dst, src net.Conn, toInitiator bool) {
 	}
 }
 
-// take returns how many bytes (at most n) the relay towards the Initiator
-// may read now, waiting while it is held; 0 when the proxy is reset.
+// take returns how many of n bytes the relay towards the Initiator
+// may write now, waiting while it is held; 0 when the proxy is reset.
 func (p *proxy) take(n int) int {
 	for {
 		p.mu.Lock()
@@ -374,14 +374,6 @@ func (p *proxy) take(n int) int {
 			return 0
 		}
 	}
-}
-
-func (p *proxy) giveBack(n int) {
-	p.mu.Lock()
-	if p.budget >= 0 {
-		p.budget += int64(n)
-	}
-	p.mu.Unlock()
 }
 
 // hold lets n more bytes through towards the Initiator and then stops that

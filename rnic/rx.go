@@ -78,12 +78,17 @@ func (r *rxState) deferTo(cq *CQ) {
 // the CQs its completions went to take them now, and the responses it
 // queued leave together, in one write if the transmitter is free.
 func (r *rxState) batchEnd() {
-	for i := 0; i < r.ndirect; i++ {
-		cq := r.direct[i]
-		r.direct[i] = nil
-		cq.runDirect()
+	// A waiter that drives the receive (drive.go) when a direct handler
+	// has been set leaves the handlers to the receive goroutine, to which
+	// it gives the receive back at its next pause (conn.readIdle).
+	if r.driver == nil || r.c.drivable() {
+		for i := 0; i < r.ndirect; i++ {
+			cq := r.direct[i]
+			r.direct[i] = nil
+			cq.runDirect()
+		}
+		r.ndirect = 0
 	}
-	r.ndirect = 0
 	if r.respQueued {
 		r.respQueued = false
 		r.c.push()

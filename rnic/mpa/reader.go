@@ -89,6 +89,10 @@ type Reader struct {
 	smallRun  int
 	pad       int  // pad bytes after the ULPDU
 	inFPDU    bool // between Next and Finish
+	// inHeader: Next is taking an FPDU's header (a leading marker and
+	// ULPDU_LENGTH) and has begun to consume it: the Reader is no longer
+	// between FPDUs, though its buffer may be empty.
+	inHeader bool
 
 	nextMarker uint64 // stream offset of the next marker (Markers only)
 	fpduStart  uint64 // stream offset where the current FPDU begins
@@ -323,9 +327,11 @@ func (r *Reader) Next() (int, error) {
 	r.leadMarker = r.cfg.Markers && r.off == r.nextMarker
 	r.crc = 0
 	lb := r.scratch[:HeaderLen]
+	r.inHeader = true
 	if err := r.consume(lb, HeaderLen, true); err != nil {
 		return 0, r.fail(midFPDU(err))
 	}
+	r.inHeader = false
 	n := int(binary.BigEndian.Uint16(lb))
 	if n < MinULPDU || n > r.cfg.MaxULPDU {
 		return 0, r.fail(term.Errorf(term.LayerLLP, term.LLPMPA, term.MPAMarker,
@@ -354,7 +360,7 @@ var ErrWouldBlock = errors.New("mpa: nothing to read now")
 
 // Idle reports that the Reader is between FPDUs with nothing buffered: a
 // read of the source now is for the next FPDU's first bytes.
-func (r *Reader) Idle() bool { return !r.inFPDU && r.hi == r.lo }
+func (r *Reader) Idle() bool { return !r.inFPDU && !r.inHeader && r.hi == r.lo }
 
 // ReadFull reads the next len(p) ULPDU bytes into p, checksumming them as
 // it copies. Asking for more than Remaining is an error.

@@ -666,3 +666,87 @@ func TestReaderWouldBlock(t *testing.T) {
 		}
 	})
 }
+
+// idleBlockingSource serves a stream step bytes at a time and, as the
+// contract of ErrWouldBlock allows, returns ErrWouldBlock once each time
+// the Reader is Idle when it is read (as the rnic receive does when a
+// waiter's CQ holds a completion, or when a waiter asked for the receive
+// and the socket is empty).
+type idleBlockingSource struct {
+	b       []byte
+	r       *Reader
+	step    int
+	blocked bool
+	blocks  int
+}
+
+func (s *idleBlockingSource) Read(p []byte) (int, error) {
+	if s.r.Idle() && !s.blocked {
+		s.blocked = true
+		s.blocks++
+		return 0, ErrWouldBlock
+	}
+	s.blocked = false
+	if len(s.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), s.step)], s.b)
+	s.b = s.b[n:]
+	return n, nil
+}
+
+// TestReaderIdleMidHeader: Idle must not report true once Next has taken
+// part of an FPDU's header (a read that returned one byte of the two-byte
+// ULPDU_LENGTH, or a leading marker and nothing after it): a source that
+// returns ErrWouldBlock there, as Idle allows, must not break the stream.
+func TestReaderIdleMidHeader(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	us := ulpdus(rng, 20, 300)
+	cases := []struct {
+		name    string
+		stream  []byte
+		markers bool
+		step    int
+	}{
+		{"one byte at a time", plainStream(us, true), false, 1},
+		{"markers, four bytes at a time", func() []byte {
+			var w markerWriter
+			for _, u := range us {
+				w.fpdu(u, true)
+			}
+			return w.out
+		}(), true, 4},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			src := &idleBlockingSource{b: tc.stream, step: tc.step}
+			r := NewReader(src, ReaderConfig{CRC: true, Markers: tc.markers, BufSize: 64})
+			src.r = r
+			var got [][]byte
+			for {
+				n, err := r.Next()
+				if err == ErrWouldBlock {
+					continue
+				}
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Fatalf("FPDU %d: %v", len(got), err)
+				}
+				u := make([]byte, n)
+				if err := r.ReadFull(u); err != nil {
+					t.Fatalf("FPDU %d: %v", len(got), err)
+				}
+				if err := r.Finish(); err != nil {
+					t.Fatalf("FPDU %d: %v", len(got), err)
+				}
+				got = append(got, u)
+			}
+			sameULPDUs(t, got, us)
+			if src.blocks == 0 {
+				t.Fatal("the source never blocked")
+			}
+		})
+	}
+}

@@ -167,9 +167,16 @@
 // in the same transaction as the change that freed it, is punched after
 // that transaction is durable, and only then handed out again: its old
 // content is never readable through another volume or a later
-// allocation. After a crash (the 0x06 key still present at open), every
-// free range is punched again (an allocation that was never committed may
-// have written there) and the data files are cut at the high-water mark.
+// allocation. A cluster a failed write had taken from the free ranges is
+// punched before it goes back to them. After a crash (the 0x06 key still
+// present at open), the clusters below the high-water mark that no map or
+// delta entry and no free range holds become free (a commit records the
+// mark as it is when it writes, past clusters that writes beside it took
+// and whose map changes were still to commit: thinBackend.reclaimLeaked,
+// a scan of every entry, only then), every free range is punched again (an
+// allocation that was never committed may have written there) and the
+// data files are cut at the high-water mark. Close syncs the data files
+// after its last commit's punches, before it marks the store clean.
 //
 // Running out of space is an operating condition of a thin pool, which
 // over-commits by design. badger writes its log through a memory map of a

@@ -2,9 +2,53 @@ package store
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 )
+
+// CrashChild runs the test named name of this test binary in a child
+// process, with the environment variable env set to dir, and fails t unless
+// the child reached CrashNow (the child's test skips itself when env is
+// unset: it runs only as a child).
+func CrashChild(t *testing.T, name, env, dir string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), env+"="+dir)
+	out, _ := cmd.CombinedOutput()
+	if !strings.Contains(string(out), "CHILD-READY") {
+		t.Fatalf("child:\n%s", out)
+	}
+}
+
+// CrashChildStore opens, in a child of CrashChild, the thin store in the
+// directory env names, committing only when asked (a flush, a close); the
+// test skips itself when env is unset (not a child).
+func CrashChildStore(t *testing.T, env string) Store {
+	t.Helper()
+	dir := os.Getenv(env)
+	if dir == "" {
+		t.Skip("runs only as the child process of another test")
+	}
+	s, err := OpenThin(dir, ThinOptions{CommitInterval: 1 << 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// CrashNow tells CrashChild that the child got where it meant to, then
+// kills the process as a crash would (SIGKILL: no deferred call runs).
+func CrashNow() {
+	fmt.Println("CHILD-READY")
+	os.Stdout.Sync()
+	syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {}
+}
 
 // CheckThin fails t if the thin store s breaks one of its invariants (see
 // thinBackend.check).

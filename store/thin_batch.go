@@ -324,9 +324,18 @@ func (b *thinBackend) fileRoom(p uint64) uint64 {
 	return (p>>b.pool.fileShift+1)<<b.pool.fileShift - p
 }
 
-// unalloc returns a cluster alloc handed out and nothing references.
+// unalloc returns a cluster alloc handed out and nothing references. The
+// write that failed may have left part of its data there: the cluster is
+// made a hole again before it can be handed out, as release does.
 func (b *thinBackend) unalloc(p uint64, fromFree bool) {
 	if fromFree {
+		if err := b.pool.punchClusters(p, p+1); err != nil {
+			// Kept out of the allocator: free in the database, it is
+			// punched by the next open, which a failed store makes an
+			// unclean one.
+			b.fail(err)
+			return
+		}
 		b.allocMu.Lock()
 		b.avail.add(p, p+1)
 		b.allocMu.Unlock()

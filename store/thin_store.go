@@ -271,6 +271,11 @@ func (b *thinBackend) start() error {
 		return err
 	}
 	b.durable.changes = make(map[uint64]uint64)
+	if unclean {
+		if err := b.reclaimLeaked(); err != nil {
+			return err
+		}
+	}
 	b.avail.r = append([]clusterRange(nil), b.durable.r...)
 	// Clusters past the high-water mark were written by allocations that
 	// were never committed; free clusters may hold such writes too after a
@@ -296,6 +301,79 @@ func (b *thinBackend) start() error {
 		return err
 	}
 	return b.resume()
+}
+
+// reclaimLeaked, after a crash, frees the clusters below the high-water
+// mark that neither a free range nor any map or delta entry holds. A commit
+// records the high-water mark as it is when it writes, past the clusters
+// that writes beside it took from there and whose map changes went to the
+// next batch; a crash before that batch's commit leaves them unreferenced.
+// They become free ranges (and so are punched with the others).
+func (b *thinBackend) reclaimLeaked() error {
+	first := b.firstCluster()
+	if b.high <= first {
+		return nil
+	}
+	began := time.Now()
+	used := make([]uint64, (b.high-first+63)/64)
+	mark := func(p uint64) {
+		if p >= first && p < b.high {
+			used[(p-first)/64] |= 1 << ((p - first) % 64)
+		}
+	}
+	err := b.db.View(func(txn *badger.Txn) error {
+		for _, prefix := range []byte{tkMap, tkDelta} {
+			it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{prefix}, PrefetchValues: true})
+			for it.Rewind(); it.Valid(); it.Next() {
+				e, err := itemEntry(it.Item())
+				if err != nil {
+					it.Close()
+					return err
+				}
+				mark(e.phys())
+			}
+			it.Close()
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("find leaked clusters: %w", err)
+	}
+	for _, r := range b.durable.r {
+		for p := r.start; p < r.end; p++ {
+			mark(p)
+		}
+	}
+	var leaked []clusterRange
+	var clusters uint64
+	for p := first; p < b.high; p++ {
+		if used[(p-first)/64]&(1<<((p-first)%64)) != 0 {
+			continue
+		}
+		clusters++
+		if n := len(leaked); n > 0 && leaked[n-1].end == p {
+			leaked[n-1].end++
+		} else {
+			leaked = append(leaked, clusterRange{p, p + 1})
+		}
+	}
+	took := time.Since(began).Round(time.Millisecond)
+	if len(leaked) == 0 {
+		b.log.Info("no cluster lost in the crash", "clusters_checked", b.high-first, "took", took)
+		return nil
+	}
+	b.log.Warn("freeing clusters that writes lost in the crash had taken", "clusters", clusters, "ranges", len(leaked), "took", took)
+	for len(leaked) > 0 {
+		n := min(len(leaked), max(1, b.txnOps/4))
+		for _, r := range leaked[:n] {
+			b.durable.add(r.start, r.end)
+		}
+		if err := b.db.Update(b.putRanges); err != nil {
+			return fmt.Errorf("free leaked clusters: %w", err)
+		}
+		leaked = leaked[n:]
+	}
+	return nil
 }
 
 // firstCluster is the first cluster ever handed out: the header takes
@@ -591,6 +669,12 @@ func (b *thinBackend) close() error {
 	<-b.done
 	<-b.wbDone
 	errCommit := b.committer.Sync(context.Background())
+	if errCommit == nil {
+		// The last commit punched the clusters it freed after its data
+		// sync; a clean open does not punch free ranges again, so those
+		// holes must be durable before the store is marked clean.
+		_, errCommit = b.pool.sync()
+	}
 	var errMark error
 	if errCommit == nil && b.failed.Load() == nil {
 		errMark = b.db.Update(func(txn *badger.Txn) error { return txn.Delete(thinOpenKey) })

@@ -354,7 +354,12 @@ func (sl *slot) onReady(r blockproto.Ready) error {
 	if sl.stage == stageReadReady {
 		sl.stage = stageReadData
 		sl.mapP(0, rnic.LocalWrite|rnic.RemoteWrite)
-		sl.wrs[1] = rnic.SendWR{ID: idRead | uint64(sl.idx), Op: rnic.WRRead, Local: rnic.SGE{STag: sl.stag, Len: sl.n},
+		// RDMA Read with Invalidate Local STag: the engine invalidates the
+		// sink (which has Remote Write, and whose STag the Read Request
+		// told the target) before it reports the Read complete, so no
+		// Write of the target's, on this QP or another of the session's
+		// protection domain, can reach p once the caller has it back.
+		sl.wrs[1] = rnic.SendWR{ID: idRead | uint64(sl.idx), Op: rnic.WRReadInv, Local: rnic.SGE{STag: sl.stag, Len: sl.n},
 			Remote: rnic.RemoteAddr{STag: sl.remote, TO: b.TO()}}
 		_, err := q.QP.PostSend(sl.wrs[:2]...)
 		return err
@@ -365,15 +370,15 @@ func (sl *slot) onReady(r blockproto.Ready) error {
 	return err
 }
 
-// onReadDone handles the completion of a READ's RDMA Read: unmap the
-// caller's memory, release the target's buffer and finish.
+// onReadDone handles the completion of a READ's RDMA Read (with
+// Invalidate Local STag: the caller's memory is already unmapped):
+// release the target's buffer and finish.
 func (sl *slot) onReadDone() error {
 	if sl.stage != stageReadData || sl.state.Load() != slotMapped {
 		return fmt.Errorf("%w: stray RDMA Read completion on slot %d", ErrProtocol, sl.idx)
 	}
-	sl.unmap(0)
-	sl.release(1)
-	_, err := sl.q.QP.PostSend(sl.wrs[:2]...)
+	sl.release(0)
+	_, err := sl.q.QP.PostSend(sl.wrs[0])
 	sl.status = blockproto.StatusOK
 	sl.finish()
 	return err

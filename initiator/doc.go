@@ -28,8 +28,13 @@
 // RDMA Read into the caller's buffer; a WRITE's data leaves the caller's
 // buffer with an RDMA Write. For the transfer the buffer is
 // Fast-Registered under the slot's own STag, with a fresh key each time,
-// and invalidated right after it, so the RNIC reaches the caller's memory
-// only while the exchange needs it. A blocking caller whose context ends
+// and invalidated right after it (a READ's RDMA Read with Invalidate Local
+// STag, so before its completion), so the RNIC reaches the caller's
+// memory only while the exchange needs it. A WRITE ends at the target's
+// RESPONSE, whose Invalidate is posted with the RDMA Write but not waited
+// for: a faulty or hostile target that answers before the data reached
+// it ends the WRITE while the RNIC may still read the buffer, so the
+// data it gets may be what the caller put there next. A blocking caller whose context ends
 // while the exchange has its buffer mapped waits for the transfer (two
 // seconds at most; then the QP is reset, which stops the RNIC, and the
 // session is replaced).

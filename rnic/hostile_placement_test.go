@@ -36,15 +36,27 @@ func readFromPeer(t *testing.T, sinkTO uint64, size uint32) (*termTarget, *rawpe
 	}
 }
 
-func expectTerminate(t *testing.T, tt *termTarget, p *rawpeer.Peer, want term.Cause) {
+// readTerminate returns the cause of the Terminate p receives next.
+func readTerminate(t *testing.T, p *rawpeer.Peer) term.Cause {
 	t.Helper()
 	tm, _, err := p.ReadTerminate(10 * time.Second)
 	if err != nil {
 		t.Fatalf("no Terminate: %v", err)
 	}
-	if tm.Cause != want {
-		t.Fatalf("Terminate cause %s, want %s (%x)", tm.Cause, want, tm.Raw)
+	return tm.Cause
+}
+
+// checkTerminate fails t unless the Terminate p receives next has cause want.
+func checkTerminate(t *testing.T, p *rawpeer.Peer, want term.Cause) {
+	t.Helper()
+	if got := readTerminate(t, p); got != want {
+		t.Fatalf("Terminate cause %s, want %s", got, want)
 	}
+}
+
+func expectTerminate(t *testing.T, tt *termTarget, p *rawpeer.Peer, want term.Cause) {
+	t.Helper()
+	checkTerminate(t, p, want)
 	closeWrite(p.Conn)
 	p.WaitClosed(5 * time.Second)
 	tt.waitState(StateError)
@@ -97,11 +109,7 @@ func TestHostileReadResponse(t *testing.T) {
 	t.Run("short-last", func(t *testing.T) {
 		tt, p, rr := readFromPeer(t, 0, 16)
 		sendULPDU(t, p, p.Tagged(rdmap.OpReadResponse, true, rr.SinkSTag(), 0, pl(8)))
-		tm, _, err := p.ReadTerminate(10 * time.Second)
-		if err != nil {
-			t.Fatalf("no Terminate: %v", err)
-		}
-		t.Logf("short Read Response: Terminate %s", tm.Cause)
+		t.Logf("short Read Response: Terminate %s", readTerminate(t, p))
 		tt.waitState(StateError)
 		if wc := tt.wait(tt.scq); wc.ID != 1 || wc.Status == StatusSuccess {
 			t.Fatalf("Read completed %+v", wc)
@@ -114,13 +122,7 @@ func TestHostileReadResponse(t *testing.T) {
 			t.Fatalf("Read %+v", wc)
 		}
 		sendULPDU(t, p, p.Tagged(rdmap.OpReadResponse, true, rr.SinkSTag(), 16, pl(16)))
-		tm, _, err := p.ReadTerminate(10 * time.Second)
-		if err != nil {
-			t.Fatalf("no Terminate: %v", err)
-		}
-		if want := remoteOp(term.OpUnexpectedOpcode); tm.Cause != want {
-			t.Fatalf("cause %s want %s", tm.Cause, want)
-		}
+		checkTerminate(t, p, remoteOp(term.OpUnexpectedOpcode))
 		w := tt.bufs["w"]
 		for i := 16; i < len(w); i++ {
 			if w[i] != sentinel {
@@ -134,11 +136,7 @@ func TestHostileReadResponse(t *testing.T) {
 			t.Fatal(err)
 		}
 		sendULPDU(t, p, p.Tagged(rdmap.OpReadResponse, true, rr.SinkSTag(), 0, pl(16)))
-		tm, _, err := p.ReadTerminate(10 * time.Second)
-		if err != nil {
-			t.Fatalf("no Terminate: %v", err)
-		}
-		t.Logf("cause %s", tm.Cause)
+		checkTerminate(t, p, ddpTagged(term.TaggedInvalidSTag))
 		tt.untouched(t)
 	})
 }
@@ -256,13 +254,7 @@ func TestWindowOverTheWire(t *testing.T) {
 				tt.untouched(t)
 				return
 			}
-			tm, _, err := p.ReadTerminate(10 * time.Second)
-			if err != nil {
-				t.Fatalf("no Terminate: %v", err)
-			}
-			if tm.Cause != want {
-				t.Fatalf("Terminate cause %s, want %s", tm.Cause, want)
-			}
+			checkTerminate(t, p, want)
 			delete(tt.bufs, "recv")
 			tt.untouched(t)
 		})

@@ -344,34 +344,29 @@ func (b *thinBackend) reclaimLeaked() error {
 			mark(p)
 		}
 	}
-	var leaked []clusterRange
+	var leaked rangeSet
 	var clusters uint64
 	for p := first; p < b.high; p++ {
-		if used[(p-first)/64]&(1<<((p-first)%64)) != 0 {
-			continue
-		}
-		clusters++
-		if n := len(leaked); n > 0 && leaked[n-1].end == p {
-			leaked[n-1].end++
-		} else {
-			leaked = append(leaked, clusterRange{p, p + 1})
+		if used[(p-first)/64]&(1<<((p-first)%64)) == 0 {
+			leaked.add(p, p+1)
+			clusters++
 		}
 	}
 	took := time.Since(began).Round(time.Millisecond)
-	if len(leaked) == 0 {
+	if clusters == 0 {
 		b.log.Info("no cluster lost in the crash", "clusters_checked", b.high-first, "took", took)
 		return nil
 	}
-	b.log.Warn("freeing clusters that writes lost in the crash had taken", "clusters", clusters, "ranges", len(leaked), "took", took)
-	for len(leaked) > 0 {
-		n := min(len(leaked), max(1, b.txnOps/4))
-		for _, r := range leaked[:n] {
+	b.log.Warn("freeing clusters that writes lost in the crash had taken", "clusters", clusters, "ranges", len(leaked.r), "took", took)
+	for rs := leaked.r; len(rs) > 0; {
+		n := min(len(rs), max(1, b.txnOps/4))
+		for _, r := range rs[:n] {
 			b.durable.add(r.start, r.end)
 		}
 		if err := b.db.Update(b.putRanges); err != nil {
 			return fmt.Errorf("free leaked clusters: %w", err)
 		}
-		leaked = leaked[n:]
+		rs = rs[n:]
 	}
 	return nil
 }

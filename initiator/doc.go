@@ -34,10 +34,10 @@
 // RESPONSE, whose Invalidate is posted with the RDMA Write but not waited
 // for: a faulty or hostile target that answers before the data reached
 // it ends the WRITE while the RNIC may still read the buffer, so the
-// data it gets may be what the caller put there next. A blocking caller whose context ends
-// while the exchange has its buffer mapped waits for the transfer (two
-// seconds at most; then the QP is reset, which stops the RNIC, and the
-// session is replaced).
+// data it gets may be what the caller put there next. A blocking caller
+// whose context ends while the exchange has its buffer mapped waits for
+// the transfer (two seconds at most; then the QP is reset, which stops
+// the RNIC, and the session is replaced).
 //
 // # Failover
 //

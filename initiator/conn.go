@@ -56,8 +56,7 @@ type conn struct {
 	gmu    sync.Mutex
 	grants []blockproto.GrantFields
 
-	loginArea int  // the first of the send areas of the login messages
-	goodbye   bool // GOODBYE received (handler only)
+	loginArea int // the first of the send areas of the login messages
 	// handling is set while the handler delivers a batch (handler only).
 	handling bool
 	// flushers are the Flushers of the completions delivered in the

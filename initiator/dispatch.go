@@ -1,6 +1,7 @@
 package initiator
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/rnic-dev/rnic/blockproto"
@@ -43,7 +44,14 @@ func (q *conn) dispatch(wcs []rnic.WC) bool {
 			}
 		}
 		if err != nil {
-			q.s.c.log.Warn("dropping the session", "qp", q.QP.ID(), "err", err)
+			if errors.Is(err, rnic.ErrInvalidQPState) && q.QP.State() != rnic.StateRTS {
+				// A repost after the stream ended under the handler (a
+				// reset or a Terminate from the target): the engine's
+				// events and the flushed completions report the loss.
+				q.s.c.log.Info("stream ended: dropping the session", "qp", q.QP.ID(), "err", err)
+			} else {
+				q.s.c.log.Warn("dropping the session", "qp", q.QP.ID(), "err", err)
+			}
 			q.die(fmt.Errorf("%w: %w", errConnLost, err))
 			return false
 		}
@@ -127,9 +135,11 @@ func (q *conn) onRecv(wc *rnic.WC) error {
 		}
 		synced := r.Value() == blockproto.GoodbyeSynced
 		q.s.c.log.Info("target says goodbye", "qp", q.QP.ID(), "status", r.Status(), "detail", string(r.Detail()))
-		q.goodbye = true
 		q.s.onGoodbye(synced)
-		return q.Repost(i)
+		// Nothing follows a GOODBYE (the target closes the stream), so
+		// its receive is not posted again: the QP may already have left
+		// RTS, and a failed repost would read as a fault.
+		return nil
 	}
 	return fmt.Errorf("%w: unexpected %s", ErrProtocol, h.Opcode())
 }

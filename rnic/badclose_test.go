@@ -147,3 +147,47 @@ func sendLeftOnSQ(t *testing.T, id uint64) (a, b *side, release func()) {
 	a.post(SendWR{ID: id, Op: WRSend, SGL: []SGE{{STag: msg.STag(), Len: 16}}})
 	return a, b, release
 }
+
+// TestBadCloseSendAsClosing: a Send whose header is still arriving when the
+// QP moves to Closing is a segment in Closing (Bad Close: reset, no
+// Terminate), not a Send without a receive. Modify QP to Closing flushes
+// the RQ; the receive loop had already checked the state when the FPDU's
+// length arrived, then found the RQ empty and answered with a Terminate
+// "DDP / Untagged / no buffer", which the peer read as its own fault. The
+// test sends the MPA length first and gives the receive loop time to pass
+// its state check; should the loop be slower, it sees Closing there, and
+// the outcome asked for is the same.
+func TestBadCloseSendAsClosing(t *testing.T) {
+	tt := newTermTarget(t, QPConfig{}, 2, 64)
+	p := tt.dial(t, rawpeer.Options{})
+	sendULPDU(t, p, p.SendMsg(rdmap.OpSend, 0, []byte("hello")))
+	tt.waitOK(tt.rcq, WRRecv)
+	f := p.Frame(p.SendMsg(rdmap.OpSend, 0, []byte("late")))
+	if err := p.SendRaw(f[:2]); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := tt.qp.Modify(StateClosing, ModifyAttrs{}); err != nil {
+		t.Fatalf("modify to Closing: %v", err)
+	}
+	if _, err := p.ReadULPDU(5 * time.Second); !errors.Is(err, io.EOF) {
+		t.Fatalf("waiting for the target's FIN: %v", err)
+	}
+	if err := p.SendRaw(f[2:]); err != nil {
+		t.Fatal(err)
+	}
+	tt.waitEvent(EventBadClose)
+	tt.waitState(StateError)
+	if wc := tt.wait(tt.rcq); wc.ID != 1 || wc.Status != StatusFlushed {
+		t.Fatalf("the receive left posted completed %+v, want Flushed", wc)
+	}
+	for _, typ := range tt.eventTypes() {
+		if typ == EventRQInvalidMSN {
+			t.Fatalf("a Send in Closing raised %s (events %v)", typ, tt.eventTypes())
+		}
+	}
+	if q := tt.qp.Query(); q.Terminate != nil {
+		t.Fatalf("a Send in Closing was answered with a Terminate: %+v", q.Terminate)
+	}
+	peerSawReset(t, p)
+}

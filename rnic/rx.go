@@ -231,16 +231,19 @@ func (r *rxState) loop() (end rxEnd, err error, paused bool) {
 			}
 			return c.classifyReadErr(err, true), err, false
 		}
-		switch r.qp.loadState() {
-		case StateTerminate:
-			return endProtocol, nil, false
-		case StateClosing:
-			return endLost, errors.New("segment received while closing"), false
-		case StateError, StateIdle:
-			return endAbort, nil, false
+		if end, err, stop := r.leftRTS(); stop {
+			return end, err, false
 		}
 		r.act = rxAction{}
 		perr := r.segment(n)
+		if perr == errRQFlushed {
+			// The QP left RTS while the segment's header was read: it
+			// is a segment that arrived in Closing, not a Send without
+			// a receive.
+			if end, err, stop := r.leftRTS(); stop {
+				return end, err, false
+			}
+		}
 		if perr != nil {
 			var pe *protoErr
 			if !errors.As(perr, &pe) {
@@ -461,6 +464,25 @@ func (r *rxState) tagged(op rdmap.Opcode, h ddp.Tagged, payload, n int) error {
 	return r.place(mp, off, uint64(payload))
 }
 
+// leftRTS reports how the receive loop ends once the QP has left RTS: a
+// segment that arrives in Closing is a Bad Close (draft Figure 11, the
+// stream is reset and the segment not processed).
+func (r *rxState) leftRTS() (end rxEnd, err error, stop bool) {
+	switch r.qp.loadState() {
+	case StateTerminate:
+		return endProtocol, nil, true
+	case StateClosing:
+		return endLost, errors.New("segment received while closing"), true
+	case StateError, StateIdle:
+		return endAbort, nil, true
+	}
+	return 0, nil, false
+}
+
+// errRQFlushed: a Send found no receive because the QP had just left RTS
+// and flushed its RQ (closeGracefully sets the state, then flushes).
+var errRQFlushed = errors.New("rnic: receive queue flushed as the QP left RTS")
+
 // send handles Send-type and Immediate Data segments (QN 0).
 func (r *rxState) send(op rdmap.Opcode, h ddp.Untagged, payload, n int) error {
 	if !r.sawFirst && r.c.info.RTR == RTRSend && !r.c.info.Initiator && payload == 0 && h.Last() &&
@@ -470,6 +492,9 @@ func (r *rxState) send(op rdmap.Opcode, h ddp.Untagged, payload, n int) error {
 	}
 	if h.MO() == 0 {
 		if !r.take() {
+			if r.qp.loadState() != StateRTS {
+				return errRQFlushed
+			}
 			return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedNoBuffer},
 				EventRQInvalidMSN, r.hl, n, "%s with no receive posted (MSN %d)", op, h.MSN())
 		}

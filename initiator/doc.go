@@ -31,10 +31,12 @@
 // and invalidated right after it (a READ's RDMA Read with Invalidate Local
 // STag, so before its completion), so the RNIC reaches the caller's
 // memory only while the exchange needs it. A WRITE ends at the target's
-// RESPONSE, whose Invalidate is posted with the RDMA Write but not waited
-// for: a faulty or hostile target that answers before the data reached
-// it ends the WRITE while the RNIC may still read the buffer, so the
-// data it gets may be what the caller put there next. A blocking caller
+// RESPONSE; its Invalidate is posted with the RDMA Write but not waited
+// for. The handler believes the RESPONSE only once the transmitter has
+// begun the WRITE's Send (rnic.QP.SendStarted), so it has read all of the
+// buffer: a target answering a WRITE it cannot have received is a
+// protocol error, and the QP stops before the caller gets the buffer
+// back. A blocking caller
 // whose context ends while the exchange has its buffer mapped waits for
 // the transfer (two seconds at most; then the QP is reset, which stops
 // the RNIC, and the session is replaced).

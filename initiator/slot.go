@@ -61,6 +61,11 @@ type slot struct {
 	fr     rnic.FastReg
 	wrs    [4]rnic.SendWR
 	sge    [2]rnic.SGE
+	// mark names where the WRITE's Fast-Register, RDMA Write, WRITE and
+	// Invalidate were queued (posted set): the RESPONSE is only believed
+	// once the transmitter has begun the WRITE, having read all of p.
+	mark   rnic.SQMark
+	posted bool
 
 	// async: the exchange was started by StartRead or StartWrite; the
 	// handler completes it on the spot instead of waking a waiting caller.
@@ -131,7 +136,11 @@ func (sl *slot) writeWRs(stag rnic.STag, to uint64) {
 	sl.sge[1] = sl.command(blockproto.OpWrite, uint32(stag))
 	sl.wrs[2] = rnic.SendWR{Op: rnic.WRSendInv, Unsignaled: true, SGL: sl.sge[1:2], InvalidateSTag: stag}
 	sl.unmap(3)
+	sl.posted = true
 }
+
+// wrWriteCmd is the index in writeWRs's list of the WRITE's Send.
+const wrWriteCmd = 2
 
 // start sends the exchange set up in the slot's fields. It fails (and
 // frees the slot) only when the QP is already dead; a failure to post
@@ -140,6 +149,7 @@ func (sl *slot) start() error {
 	q := sl.q
 	sl.seq++
 	sl.status, sl.value, sl.detail, sl.err = 0, 0, "", nil
+	sl.posted = false
 	n, state := 1, slotInflight
 	switch sl.op {
 	case blockproto.OpRead:
@@ -176,7 +186,7 @@ func (sl *slot) start() error {
 		q.free <- sl.idx
 		return q.cause
 	}
-	if _, err := q.QP.PostSend(sl.wrs[:n]...); err != nil {
+	if _, err := q.QP.PostSendMarked(&sl.mark, sl.wrs[:n]...); err != nil {
 		// The QP is going away (or its queue overflowed, which this
 		// package sizes never to happen): reset it; the handler fails
 		// every exchange in flight, this one included. After a GOODBYE
@@ -256,6 +266,13 @@ func (sl *slot) onResponse(r blockproto.Response) error {
 	}
 	if sl.stage == stageExtents && r.Status() == blockproto.StatusOK {
 		return fmt.Errorf("%w: RESPONSE with status OK to a BLOCK_STATUS", ErrProtocol)
+	}
+	if sl.posted && !sl.q.QP.SendStarted(&sl.mark, wrWriteCmd) {
+		// The target cannot have received a WRITE our transmitter has not
+		// begun: the answer is forged, and the RDMA Write may still read
+		// p. Failing the QP makes stop wait for the engine before the
+		// caller gets p back.
+		return fmt.Errorf("%w: RESPONSE to a WRITE on slot %d before the WRITE was sent", ErrProtocol, sl.idx)
 	}
 	sl.status, sl.value = r.Status(), r.Value()
 	if d := r.Detail(); len(d) > 0 {
@@ -366,7 +383,7 @@ func (sl *slot) onReady(r blockproto.Ready) error {
 	}
 	sl.stage = stageResponse
 	sl.writeWRs(sl.remote, b.TO())
-	_, err := q.QP.PostSend(sl.wrs[:4]...)
+	_, err := q.QP.PostSendMarked(&sl.mark, sl.wrs[:4]...)
 	return err
 }
 

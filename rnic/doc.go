@@ -35,7 +35,11 @@
 // of the stream it waits for itself (drive.go; Config.NoWaitDrive turns
 // that off). Buffers named by posted work requests belong to the RNIC
 // until their completion is polled: the CQ's lock orders the engine's writes
-// before the consumer's reads.
+// before the consumer's reads. A third extension tells how far the
+// transmitter got without a completion: PostSendMarked records where a list
+// of WRs was queued and SendStarted reports whether one was begun, which
+// means every Send and RDMA Write before it was read from memory (a consumer
+// checks a peer's answer against it; unsignaled WRs stay unsignaled).
 //
 // # Design notes
 //

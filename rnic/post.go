@@ -3,6 +3,7 @@ package rnic
 import (
 	"fmt"
 	"math"
+	"sync/atomic"
 )
 
 // PostSend queues work requests on the send queue and returns how many were
@@ -14,6 +15,46 @@ import (
 // the queues also holds (Modify ->Error, the end of a stream): a WR is
 // either queued before a flush, and flushed by it, or refused.
 func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
+	return qp.postSend(nil, wrs)
+}
+
+// SQMark records where PostSendMarked queued a list of work requests, for
+// SendStarted. Its zero value marks nothing.
+type SQMark struct {
+	pos atomic.Uint64 // send queue position of the list's first WR, plus one
+}
+
+// PostSendMarked is PostSend that also records in m where the WRs were
+// queued. m is written before the transmitter can start any of them: a
+// completion handler that learns from the peer that one was received
+// finds m set.
+func (qp *QP) PostSendMarked(m *SQMark, wrs ...SendWR) (int, error) {
+	return qp.postSend(m, wrs)
+}
+
+// SendStarted reports whether the transmitter has begun WR i of the list
+// m marks. The transmitter takes WRs one at a time, in order: once it has
+// begun one, it has gathered every Send and RDMA Write posted before it,
+// and reads none of their local buffers again. False if m marks nothing.
+//
+// A consumer uses it to check an answer against its own send queue: a
+// peer cannot answer a message the transmitter has not begun, so an
+// answer that comes first is forged, and the buffers it would release may
+// still be read.
+func (qp *QP) SendStarted(m *SQMark, i int) bool {
+	v := m.pos.Load()
+	if v == 0 {
+		return false
+	}
+	pos := uint32(v-1) + uint32(i)
+	q := qp.sq
+	q.mu.Lock()
+	started := int32(q.next-pos) > 0
+	q.mu.Unlock()
+	return started
+}
+
+func (qp *QP) postSend(m *SQMark, wrs []SendWR) (int, error) {
 	qp.mu.Lock()
 	st, destroyed, c := qp.state, qp.destroyed, qp.conn
 	if destroyed {
@@ -35,7 +76,7 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 			break
 		}
 	}
-	n, err := qp.sq.post(wrs[:k])
+	n, err := qp.sq.post(wrs[:k], m)
 	if err == nil {
 		err = bad
 	}

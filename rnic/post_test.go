@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 	"testing"
@@ -135,4 +136,79 @@ func TestPostFlushRace(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestSendStarted: a mark names the WRs PostSendMarked queued, and
+// SendStarted tells whether the transmitter has begun each: not while the
+// transmitter is held (the test holds its lock, as sendLeftOnSQ does),
+// then yes once the peer received them. A zero mark names nothing.
+func TestSendStarted(t *testing.T) {
+	var bRecv *MR
+	a, b := newPair(t, pairOpts{}, func(a, b *side) {
+		bRecv, _ = b.reg(3*64, LocalWrite)
+		for i := range 3 {
+			if _, err := b.qp.PostRecv(RecvWR{ID: uint64(i), SGL: []SGE{{STag: bRecv.STag(), TO: uint64(i) * 64, Len: 64}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	msg, _ := a.reg(16, LocalRead)
+	send := func(id uint64) SendWR {
+		return SendWR{ID: id, Op: WRSend, Unsignaled: true, SGL: []SGE{{STag: msg.STag(), Len: 16}}}
+	}
+	var m SQMark
+	if a.qp.SendStarted(&m, 0) {
+		t.Fatal("a zero mark reports a WR started")
+	}
+	if _, err := a.qp.PostSendMarked(&m, send(1)); err != nil {
+		t.Fatal(err)
+	}
+	b.waitOK(b.rcq, WRRecv) // the stream is open; the first list was sent
+	if !a.qp.SendStarted(&m, 0) {
+		t.Fatal("a Send the peer received is not reported started")
+	}
+	c := a.stream()
+	c.txMu.Lock()
+	var once sync.Once
+	release := func() { once.Do(c.txMu.Unlock) }
+	t.Cleanup(release)
+	if _, err := a.qp.PostSendMarked(&m, send(2), send(3)); err != nil {
+		t.Fatal(err)
+	}
+	if a.qp.SendStarted(&m, 0) || a.qp.SendStarted(&m, 1) {
+		t.Fatal("WRs the held transmitter cannot have begun are reported started")
+	}
+	release()
+	b.waitOK(b.rcq, WRRecv)
+	b.waitOK(b.rcq, WRRecv)
+	if !a.qp.SendStarted(&m, 0) || !a.qp.SendStarted(&m, 1) {
+		t.Fatal("Sends the peer received are not reported started")
+	}
+}
+
+// TestSQResizeKeepsPositions: a resize moves the WQEs to a new ring but
+// keeps their positions (what an SQMark names), wrapped cursors included.
+func TestSQResizeKeepsPositions(t *testing.T) {
+	q := newSendQueue(4, 1, 1)
+	// Run the cursors near the 32-bit wrap, then queue three WRs across it.
+	q.head, q.next, q.tail = math.MaxUint32-1, math.MaxUint32-1, math.MaxUint32-1
+	var m SQMark
+	if _, err := q.post([]SendWR{{ID: 10}, {ID: 11}, {ID: 12}}, &m); err != nil {
+		t.Fatal(err)
+	}
+	q.next++ // the first has started
+	for _, depth := range []int{16, 3} {
+		if err := q.resize(depth); err != nil {
+			t.Fatal(err)
+		}
+		first := uint32(m.pos.Load() - 1)
+		for i := range 3 {
+			if id := q.at(first + uint32(i)).wr.ID; id != uint64(10+i) {
+				t.Fatalf("after a resize to %d, position %d holds WR %d, want %d", depth, first+uint32(i), id, 10+i)
+			}
+		}
+		if q.next != first+1 || q.tail != first+3 {
+			t.Fatalf("after a resize to %d the cursors moved: next %d tail %d, first %d", depth, q.next, q.tail, first)
+		}
+	}
 }

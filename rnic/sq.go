@@ -8,7 +8,9 @@ import (
 // The send queue: a power-of-two ring of WQEs with three free-running
 // cursors. head is the oldest WQE whose completion has not been emitted,
 // next is the next WQE the transmitter will start, tail is the next free
-// slot: head <= next <= tail. WQEs complete in any order internally (a Send
+// slot: head <= next <= tail. A WQE keeps its position (the cursor value
+// it was posted at) for its life, resizes included: SQMark names WQEs by
+// it. WQEs complete in any order internally (a Send
 // when handed to TCP, a Read when its response arrives) but their
 // completions leave in posting order (RFC 5040 §5.5 rule 15).
 
@@ -69,10 +71,15 @@ func newSendQueue(depth, maxSGE, maxWriteSGE int) *sendQueue {
 func (q *sendQueue) at(i uint32) *sqEntry { return &q.ring[i&q.mask] }
 
 // post appends WRs, already validated. It returns how many were queued:
-// fewer than len(wrs) when the queue is full.
-func (q *sendQueue) post(wrs []SendWR) (int, error) {
+// fewer than len(wrs) when the queue is full. m, if not nil, records the
+// position of the first, before the transmitter (which takes q.mu) can
+// start it.
+func (q *sendQueue) post(wrs []SendWR, m *SQMark) (int, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if m != nil {
+		m.pos.Store(uint64(q.tail) + 1)
+	}
 	for i := range wrs {
 		wr := &wrs[i]
 		if int(q.tail-q.head) >= q.depth {
@@ -181,30 +188,29 @@ func (q *sendQueue) resize(depth int) error {
 	}
 	n := ceilPow2(depth)
 	if n != len(q.ring) {
+		// The WQEs keep their positions (cur <= n consecutive positions
+		// map to distinct slots of the new ring).
 		ring := make([]sqEntry, n)
-		for i := uint32(0); i < uint32(cur); i++ {
-			ring[i] = *q.at(q.head + i)
+		mask := uint32(n - 1)
+		for p := q.head; p != q.tail; p++ {
+			d := &ring[p&mask]
+			*d = *q.at(p)
 			// Re-point the WR's internal pointers at the new slot.
-			ring[i].wr.SGL = ring[i].sgl
-			if ring[i].wr.FastReg != nil {
-				ring[i].wr.FastReg = &ring[i].fr
+			d.wr.SGL = d.sgl
+			if d.wr.FastReg != nil {
+				d.wr.FastReg = &d.fr
 			}
-			if ring[i].wr.Bind != nil {
-				ring[i].wr.Bind = &ring[i].bind
+			if d.wr.Bind != nil {
+				d.wr.Bind = &d.bind
 			}
 		}
 		m := max(q.maxSGE, q.maxWriteSGE)
-		for i := cur; i < n; i++ {
-			ring[i].sgl = make([]SGE, 0, m)
+		for i := range ring {
+			if ring[i].sgl == nil {
+				ring[i].sgl = make([]SGE, 0, m)
+			}
 		}
-		off := q.head
-		for k := range q.ord {
-			q.ord[k].idx -= off
-		}
-		q.next -= off
-		q.tail -= off
-		q.head = 0
-		q.ring, q.mask = ring, uint32(n-1)
+		q.ring, q.mask = ring, mask
 	}
 	q.depth = depth
 	return nil

@@ -47,11 +47,7 @@ func (qp *QP) SendStarted(m *SQMark, i int) bool {
 		return false
 	}
 	pos := uint32(v-1) + uint32(i)
-	q := qp.sq
-	q.mu.Lock()
-	started := int32(q.next-pos) > 0
-	q.mu.Unlock()
-	return started
+	return int32(qp.sq.begun.Load()-pos) > 0
 }
 
 func (qp *QP) postSend(m *SQMark, wrs []SendWR) (int, error) {

@@ -3,6 +3,7 @@ package rnic
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // The send queue: a power-of-two ring of WQEs with three free-running
@@ -37,9 +38,12 @@ type sendQueue struct {
 	ring             []sqEntry
 	mask             uint32
 	head, next, tail uint32
-	depth            int
-	maxSGE           int
-	maxWriteSGE      int
+	// begun mirrors next for SendStarted, which reads it without q.mu
+	// (the handler checking an answer should not wait on the transmitter).
+	begun       atomic.Uint32
+	depth       int
+	maxSGE      int
+	maxWriteSGE int
 
 	// ord is the FIFO of outstanding RDMA Reads and atomics, in request
 	// order (their responses arrive in this order).
@@ -69,6 +73,12 @@ func newSendQueue(depth, maxSGE, maxWriteSGE int) *sendQueue {
 }
 
 func (q *sendQueue) at(i uint32) *sqEntry { return &q.ring[i&q.mask] }
+
+// begin marks the WQE at next started (q.mu held).
+func (q *sendQueue) begin() {
+	q.next++
+	q.begun.Store(q.next)
+}
 
 // post appends WRs, already validated. It returns how many were queued:
 // fewer than len(wrs) when the queue is full. m, if not nil, records the
@@ -144,6 +154,7 @@ func (q *sendQueue) flushLocked(qp *QP) {
 		}
 	}
 	q.next = q.tail
+	q.begun.Store(q.next)
 	q.ord = q.ord[:0]
 	q.emitLocked(qp, nil)
 }

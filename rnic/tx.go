@@ -442,7 +442,7 @@ func (t *txState) sendWQE() bool {
 		ord := qp.currentORD()
 		if ord == 0 {
 			e.state = sqStarted
-			q.next++
+			q.begin()
 			q.mu.Unlock()
 			t.localError(idx, StatusZeroORD)
 			return true
@@ -458,7 +458,7 @@ func (t *txState) sendWQE() bool {
 		return false // big: leave it to the transmit goroutine
 	}
 	e.state = sqStarted
-	q.next++
+	q.begin()
 	q.mu.Unlock()
 	// The slot stays ours until its completion is emitted: head <= idx.
 	switch wr.Op {

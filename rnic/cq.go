@@ -159,8 +159,12 @@ func (cq *CQ) C() <-chan struct{} { return cq.ch }
 // the stream meanwhile is read at the next Wait, or by the receive
 // goroutine once that time has passed. While Wait runs the receive, its
 // ctx ends the wait at the stream's next FPDU boundary. Wait may signal
-// C() spuriously.
+// C() spuriously. An empty wcs is ErrInvalidLength: no completion could
+// end the wait.
 func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
+	if len(wcs) == 0 {
+		return 0, fmt.Errorf("rnic: wait for completions into an empty slice: %w", ErrInvalidLength)
+	}
 	c := cq.drv.Load()
 	if c != nil && !c.drivable() {
 		c = nil

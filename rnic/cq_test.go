@@ -1,6 +1,7 @@
 package rnic
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -178,5 +179,29 @@ func TestCQResizeAndOverflow(t *testing.T) {
 	case ev := <-evs:
 		t.Fatalf("second event %+v", ev)
 	default:
+	}
+}
+
+// TestWaitEmptySlice: Wait into an empty slice fails at once with
+// ErrInvalidLength, a completion pending or not: no completion could end
+// it, and it used to spin between the notification and an empty poll.
+func TestWaitEmptySlice(t *testing.T) {
+	var bRecv *MR
+	a, b := newPair(t, pairOpts{}, func(a, b *side) {
+		bRecv, _ = b.reg(64, LocalWrite)
+		b.postRecv(1, bRecv, 64)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if n, err := b.rcq.Wait(ctx, nil); n != 0 || !errors.Is(err, ErrInvalidLength) {
+		t.Fatalf("Wait into nil: %d, %v; want ErrInvalidLength", n, err)
+	}
+	a.post(SendWR{ID: 1, Op: WRSend})
+	a.roundTrip()
+	if n, err := b.rcq.Wait(ctx, []WC{}); n != 0 || !errors.Is(err, ErrInvalidLength) {
+		t.Fatalf("Wait into an empty slice with a completion pending: %d, %v; want ErrInvalidLength", n, err)
+	}
+	if wc := b.wait(b.rcq); wc.ID != 1 || wc.Status != StatusSuccess {
+		t.Fatalf("the pending completion: %+v", wc)
 	}
 }

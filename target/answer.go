@@ -49,6 +49,21 @@ func (s *slot) free() {
 	s.mu.Unlock()
 }
 
+// finish ends the slot's exchange with its first n WRs, the answer last.
+// The slot is free before the post: an initiator may send the next
+// command as soon as it has the answer, which can be before PostSend
+// returns. The next command waits on postMu until the post is done with
+// the slot's WRs.
+func (c *conn) finish(s *slot, n int) {
+	s.postMu.Lock()
+	s.free()
+	if h := c.afterFree.Load(); h != nil {
+		(*h)(s)
+	}
+	c.post(s, n)
+	s.postMu.Unlock()
+}
+
 // answer ends the slot's exchange with a RESPONSE (and a grant if one is
 // idle).
 func (c *conn) answer(s *slot, st blockproto.Status, value uint64, detail string) {
@@ -70,8 +85,7 @@ func (c *conn) answer(s *slot, st blockproto.Status, value uint64, detail string
 		}
 	}
 	c.sendWR(s, n, len(m))
-	s.free()
-	c.post(s, n+1)
+	c.finish(s, n+1)
 }
 
 // ready registers buf[head:head+n] under the slot's STag with a fresh key
@@ -108,8 +122,7 @@ func (c *conn) sendData(s *slot, area []byte, n uint32) {
 	m, _ := blockproto.EncodeData(area, &f) // cannot fail: checked above
 	s.sge[0] = c.dataSGE(s.idx, len(m))
 	s.wrs[k] = rnic.SendWR{Op: rnic.WRSend, Unsignaled: true, SGL: s.sge[:]}
-	s.free()
-	c.post(s, k+1)
+	c.finish(s, k+1)
 }
 
 // sendExtents ends the slot's exchange with an EXTENTS (and a grant if one
@@ -124,6 +137,5 @@ func (c *conn) sendExtents(s *slot, ext []blockproto.ExtentFields) {
 	k := c.attachGrant(s, &f.Grant)
 	m, _ := blockproto.EncodeExtents(c.Area(s.idx), &f) // cannot fail: checked above
 	c.sendWR(s, k, len(m))
-	s.free()
-	c.post(s, k+1)
+	c.finish(s, k+1)
 }

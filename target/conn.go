@@ -28,7 +28,10 @@ type conn struct {
 	inSession atomic.Bool
 
 	credits int // slots granted at login (0 while logging in)
-	lockMR  *rnic.MR
+	// afterFree, if set (tests only), runs in finish between the freeing
+	// of a slot and the post of its answer.
+	afterFree atomic.Pointer[func(*slot)]
+	lockMR    *rnic.MR
 	// inline is the largest READ answered with DATA (0: the QP has no
 	// inline reads); inBuf holds one DATA area of inArea bytes per slot.
 	inline int

@@ -27,7 +27,12 @@ type slot struct {
 	c   *conn
 	idx int
 
-	mu      sync.Mutex // state, buf, stag, deadline: handler, worker and lease timer
+	mu sync.Mutex // state, buf, stag, deadline: handler, worker and lease timer
+	// postMu is held from the freeing of the slot to the end of the post
+	// of its exchange's last WRs (finish): a next command, which a
+	// hostile initiator can send before it has the answer, waits for it
+	// before it rewrites wrs, sge, fr and the send area.
+	postMu  sync.Mutex
 	state   slotState
 	cmd     [blockproto.CommandLen]byte
 	arrived time.Time // set by the handler when the command arrives
@@ -166,6 +171,8 @@ func (c *conn) onRecv(wc *rnic.WC) error {
 	s.cmd = cmd
 	s.arrived = time.Now()
 	s.mu.Unlock()
+	s.postMu.Lock() // the last exchange's post is done with the slot
+	s.postMu.Unlock()
 	if !c.t.begin() {
 		return nil // draining: no answer; GOODBYE follows and the initiator replays
 	}

@@ -340,3 +340,49 @@ func TestWriteHereThin(t *testing.T) {
 		}
 	}
 }
+
+// TestCommandWhileAnswerPosts: a slot is free before its answer is posted
+// (an initiator may send the next command as soon as it has the answer,
+// which can be before PostSend returns), so a hostile initiator can send
+// the next command into that gap without waiting for the answer. The
+// next command must wait until the post is done with the slot's WRs: the
+// test holds the FLUSH's answer between the freeing and the post until an
+// inline READ on the same slot has been taken (and, with the handler
+// running it, for 50 ms more), then expects the FLUSH's RESPONSE and the
+// READ's DATA, each once. Before, the handler rewrote the slot's WRs for
+// the READ and the FLUSH's post sent the READ's DATA in its place.
+func TestCommandWhileAnswerPosts(t *testing.T) {
+	r := newRig(t, nil)
+	data := pattern(4096, 7)
+	r.fill(8192, data)
+	p := r.dial(1, 4096)
+	c := r.conn0()
+	freed := make(chan struct{})
+	var once bool
+	hook := func(s *slot) {
+		if once || s.idx != 0 {
+			return
+		}
+		once = true // only the FLUSH's answer: the worker runs it, the READ runs in the handler
+		close(freed)
+		r.waitFor("the READ taken on the freed slot", func() bool { return stateOf(c, 0) == slotBusy })
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.afterFree.Store(&hook)
+	flush := p.command(blockproto.CommandFields{Op: blockproto.OpFlush}, 0, false)
+	<-freed
+	read := p.command(blockproto.CommandFields{Op: blockproto.OpRead, Flags: blockproto.FlagInline, Offset: 8192, Length: 4096}, 0, false)
+	if r := p.response(flush); r.Status() != blockproto.StatusOK {
+		t.Fatalf("FLUSH: %s", r.Status())
+	}
+	m, err := blockproto.ParseData(p.recv())
+	if err != nil || m.Tag() != read {
+		t.Fatalf("expected the DATA of the READ %#x: %v", read, err)
+	}
+	if !bytes.Equal(m.Payload(), data) {
+		t.Fatal("the READ's DATA holds the wrong bytes")
+	}
+	// Nothing more: the next message is the answer to a third command.
+	holder := p.command(blockproto.CommandFields{Op: blockproto.OpHolder}, 0, false)
+	p.response(holder)
+}

@@ -236,6 +236,12 @@ func (mr *MR) RegisterShared(current STag, pd *PD, o MROptions) (*MR, error) {
 			src.mu.Unlock()
 			return nil, fmt.Errorf("rnic: register shared MR: %w: VA gives a different first byte offset", ErrInvalidVA)
 		}
+		if e.length > 0 && e.length-1 > math.MaxUint64-e.base {
+			// As setMapping refuses for a region of its own: the end of
+			// the region would have no address.
+			src.mu.Unlock()
+			return nil, fmt.Errorf("rnic: register shared MR: %w: VA 0x%x + length %d wraps", ErrInvalidVA, e.base, e.length)
+		}
 	}
 	src.shared = true
 	src.mu.Unlock()

@@ -3,6 +3,7 @@ package rnic
 import (
 	"bytes"
 	"errors"
+	"math"
 	"testing"
 
 	"github.com/rnic-dev/rnic/rnic/term"
@@ -393,5 +394,26 @@ func TestPageListRegion(t *testing.T) {
 		if _, err := b.pd.RegisterMR(c.m, c.o); !errors.Is(err, c.want) {
 			t.Fatalf("%s: %v, want %v", c.name, err, c.want)
 		}
+	}
+}
+
+// TestSharedVAWrap: Register Shared MR at a VA from which the region's end
+// would wrap past 2^64 is refused with ErrInvalidVA, as a region of its
+// own is; ending on the last address is fine.
+func TestSharedVAWrap(t *testing.T) {
+	_, pd, _, _, _, _ := idleQP(t, 4, 4)
+	src, err := pd.RegisterMR(Bytes(make([]byte, 128)), MROptions{Access: LocalRead, VA: 0x1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sh, err := src.RegisterShared(src.STag(), pd, MROptions{Access: LocalRead, VA: math.MaxUint64 - 63}); !errors.Is(err, ErrInvalidVA) || sh != nil {
+		t.Fatalf("shared at a VA that wraps: %v", err)
+	}
+	sh, err := src.RegisterShared(src.STag(), pd, MROptions{Access: LocalRead, VA: math.MaxUint64 - 127})
+	if err != nil {
+		t.Fatalf("shared ending on the last address: %v", err)
+	}
+	if si, _ := sh.Query(); si.Len != 128 {
+		t.Fatalf("shared region %+v", si)
 	}
 }

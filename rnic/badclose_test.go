@@ -160,22 +160,7 @@ func sendLeftOnSQ(t *testing.T, id uint64) (a, b *side, release func()) {
 func TestBadCloseSendAsClosing(t *testing.T) {
 	tt := newTermTarget(t, QPConfig{}, 2, 64)
 	p := tt.dial(t, rawpeer.Options{})
-	sendULPDU(t, p, p.SendMsg(rdmap.OpSend, 0, []byte("hello")))
-	tt.waitOK(tt.rcq, WRRecv)
-	f := p.Frame(p.SendMsg(rdmap.OpSend, 0, []byte("late")))
-	if err := p.SendRaw(f[:2]); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(100 * time.Millisecond)
-	if err := tt.qp.Modify(StateClosing, ModifyAttrs{}); err != nil {
-		t.Fatalf("modify to Closing: %v", err)
-	}
-	if _, err := p.ReadULPDU(5 * time.Second); !errors.Is(err, io.EOF) {
-		t.Fatalf("waiting for the target's FIN: %v", err)
-	}
-	if err := p.SendRaw(f[2:]); err != nil {
-		t.Fatal(err)
-	}
+	sendLateAsClosing(t, tt.side, p)
 	tt.waitEvent(EventBadClose)
 	tt.waitState(StateError)
 	if wc := tt.wait(tt.rcq); wc.ID != 1 || wc.Status != StatusFlushed {
@@ -190,4 +175,48 @@ func TestBadCloseSendAsClosing(t *testing.T) {
 		t.Fatalf("a Send in Closing was answered with a Terminate: %+v", q.Terminate)
 	}
 	peerSawReset(t, p)
+}
+
+// TestBadCloseSendAsClosingSRQ is TestBadCloseSendAsClosing on a QP whose
+// receives come from an S-RQ. Modify QP to Closing does not flush an
+// S-RQ (it is shared), so the Send whose header was being read as the QP
+// entered Closing found a receive and was delivered, in Closing, after
+// our FIN. (Found by review, with this test.)
+func TestBadCloseSendAsClosingSRQ(t *testing.T) {
+	tt := newTermTargetOn(t, pairOpts{srq: true}, 2, 64)
+	p := tt.dial(t, rawpeer.Options{})
+	s := tt.side
+	sendLateAsClosing(t, s, p)
+	s.waitEvent(EventBadClose) // on the segment, or at the close timeout
+	var wcs [4]WC
+	for _, wc := range wcs[:s.rcq.Poll(wcs[:])] {
+		if wc.Status == StatusSuccess {
+			t.Fatalf("a Send that arrived after our FIN, in Closing, was delivered: %+v (events %v)", wc, s.eventTypes())
+		}
+	}
+	peerSawReset(t, p)
+}
+
+// sendLateAsClosing opens the stream with a Send from p to s, then sends
+// a second Send's MPA length, gives s's receive loop time to pass its
+// state check, moves s's QP to Closing, waits for its FIN and sends the
+// rest of the Send.
+func sendLateAsClosing(t *testing.T, s *side, p *rawpeer.Peer) {
+	t.Helper()
+	sendULPDU(t, p, p.SendMsg(rdmap.OpSend, 0, []byte("hello")))
+	s.waitOK(s.rcq, WRRecv)
+	f := p.Frame(p.SendMsg(rdmap.OpSend, 0, []byte("late")))
+	if err := p.SendRaw(f[:2]); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := s.qp.Modify(StateClosing, ModifyAttrs{}); err != nil {
+		t.Fatalf("modify to Closing: %v", err)
+	}
+	if _, err := p.ReadULPDU(5 * time.Second); !errors.Is(err, io.EOF) {
+		t.Fatalf("waiting for the target's FIN: %v", err)
+	}
+	if err := p.SendRaw(f[2:]); err != nil {
+		t.Fatal(err)
+	}
 }

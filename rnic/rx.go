@@ -236,7 +236,7 @@ func (r *rxState) loop() (end rxEnd, err error, paused bool) {
 		}
 		r.act = rxAction{}
 		perr := r.segment(n)
-		if perr == errRQFlushed {
+		if perr == errLeftRTS {
 			// The QP left RTS while the segment's header was read: it
 			// is a segment that arrived in Closing, not a Send without
 			// a receive.
@@ -479,9 +479,9 @@ func (r *rxState) leftRTS() (end rxEnd, err error, stop bool) {
 	return 0, nil, false
 }
 
-// errRQFlushed: a Send found no receive because the QP had just left RTS
-// and flushed its RQ (closeGracefully sets the state, then flushes).
-var errRQFlushed = errors.New("rnic: receive queue flushed as the QP left RTS")
+// errLeftRTS: a Send's header was read as the QP left RTS (closeGracefully
+// sets the state, then flushes the RQ): the Send is a segment in Closing.
+var errLeftRTS = errors.New("rnic: the QP left RTS as a Send arrived")
 
 // send handles Send-type and Immediate Data segments (QN 0).
 func (r *rxState) send(op rdmap.Opcode, h ddp.Untagged, payload, n int) error {
@@ -491,9 +491,16 @@ func (r *rxState) send(op rdmap.Opcode, h ddp.Untagged, payload, n int) error {
 		return nil
 	}
 	if h.MO() == 0 {
+		// The QP may have left RTS since the loop checked (Modify to
+		// Closing while the header was read): checked before the take,
+		// for an S-RQ, which Closing does not flush, and after a failed
+		// one, for an RQ flushed in between.
+		if r.qp.loadState() != StateRTS {
+			return errLeftRTS
+		}
 		if !r.take() {
 			if r.qp.loadState() != StateRTS {
-				return errRQFlushed
+				return errLeftRTS
 			}
 			return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedNoBuffer},
 				EventRQInvalidMSN, r.hl, n, "%s with no receive posted (MSN %d)", op, h.MSN())

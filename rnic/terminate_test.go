@@ -40,7 +40,13 @@ const sentinel = 0x5A
 
 func newTermTarget(t *testing.T, qc QPConfig, recvs int, recvLen uint32) *termTarget {
 	t.Helper()
-	o := pairOpts{qp: qc}
+	return newTermTargetOn(t, pairOpts{qp: qc}, recvs, recvLen)
+}
+
+// newTermTargetOn is newTermTarget for a side made with o (with o.srq the
+// receives go to the S-RQ).
+func newTermTargetOn(t *testing.T, o pairOpts, recvs int, recvLen uint32) *termTarget {
+	t.Helper()
 	s := newSide(t, "target", o)
 	tt := &termTarget{side: s, bufs: map[string][]byte{}, accepted: make(chan error, 1)}
 	reg := func(name string, pd *PD, n int, m MROptions) *MR {
@@ -68,7 +74,13 @@ func newTermTarget(t *testing.T, qc QPConfig, recvs int, recvLen uint32) *termTa
 	}
 	tt.recv = reg("recv", s.pd, int(recvLen)*max(recvs, 1), MROptions{Access: LocalWrite, ZeroBased: true})
 	for i := 0; i < recvs; i++ {
-		if _, err := s.qp.PostRecv(RecvWR{ID: uint64(i), SGL: []SGE{{STag: tt.recv.STag(), TO: uint64(i) * uint64(recvLen), Len: recvLen}}}); err != nil {
+		wr := RecvWR{ID: uint64(i), SGL: []SGE{{STag: tt.recv.STag(), TO: uint64(i) * uint64(recvLen), Len: recvLen}}}
+		if srq := s.qp.cfg.SRQ; srq != nil {
+			_, err = srq.Post(wr)
+		} else {
+			_, err = s.qp.PostRecv(wr)
+		}
+		if err != nil {
 			t.Fatal(err)
 		}
 	}

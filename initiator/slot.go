@@ -136,6 +136,10 @@ func (sl *slot) writeWRs(stag rnic.STag, to uint64) {
 	sl.sge[1] = sl.command(blockproto.OpWrite, uint32(stag))
 	sl.wrs[2] = rnic.SendWR{Op: rnic.WRSendInv, Unsignaled: true, SGL: sl.sge[1:2], InvalidateSTag: stag}
 	sl.unmap(3)
+	// The slot is visible to the handler before the post records the
+	// new mark: until then the mark must not name the last exchange's
+	// WRs, which started long ago.
+	sl.mark.Hold()
 	sl.posted = true
 }
 

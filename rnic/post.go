@@ -21,8 +21,20 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 // SQMark records where PostSendMarked queued a list of work requests, for
 // SendStarted. Its zero value marks nothing.
 type SQMark struct {
-	pos atomic.Uint64 // send queue position of the list's first WR, plus one
+	pos atomic.Uint64 // send queue position of the list's first WR, plus one; markHeld
 }
+
+// markHeld is an SQMark's value between Hold and the post.
+const markHeld = math.MaxUint64
+
+// Hold makes m await a post: SendStarted reports false until
+// PostSendMarked records one. A consumer that makes an exchange visible
+// (to a completion handler) before it posts the exchange's WRs holds its
+// mark first, so that the handler cannot check the previous exchange's.
+func (m *SQMark) Hold() { m.pos.Store(markHeld) }
+
+// Marked reports whether m names a post, or awaits one (Hold).
+func (m *SQMark) Marked() bool { return m.pos.Load() != 0 }
 
 // PostSendMarked is PostSend that also records in m where the WRs were
 // queued. m is written before the transmitter can start any of them: a
@@ -35,7 +47,8 @@ func (qp *QP) PostSendMarked(m *SQMark, wrs ...SendWR) (int, error) {
 // SendStarted reports whether the transmitter has begun WR i of the list
 // m marks. The transmitter takes WRs one at a time, in order: once it has
 // begun one, it has gathered every Send and RDMA Write posted before it,
-// and reads none of their local buffers again. False if m marks nothing.
+// and reads none of their local buffers again. False if m marks nothing
+// or awaits a post.
 //
 // A consumer uses it to check an answer against its own send queue: a
 // peer cannot answer a message the transmitter has not begun, so an
@@ -43,7 +56,7 @@ func (qp *QP) PostSendMarked(m *SQMark, wrs ...SendWR) (int, error) {
 // still be read.
 func (qp *QP) SendStarted(m *SQMark, i int) bool {
 	v := m.pos.Load()
-	if v == 0 {
+	if v == 0 || v == markHeld {
 		return false
 	}
 	pos := uint32(v-1) + uint32(i)

@@ -52,16 +52,20 @@ func (s *slot) free() {
 // finish ends the slot's exchange with its first n WRs, the answer last.
 // The slot is free before the post: an initiator may send the next
 // command as soon as it has the answer, which can be before PostSend
-// returns. The next command waits on postMu until the post is done with
-// the slot's WRs.
+// returns. The mark held here and set by the post lets onRecv refuse a
+// command that comes before the answer left (answerSent).
 func (c *conn) finish(s *slot, n int) {
-	s.postMu.Lock()
-	s.free()
+	s.mu.Lock()
+	s.state = slotFree
+	s.ans.Hold()
+	s.ansLast = n - 1
+	s.mu.Unlock()
 	if h := c.afterFree.Load(); h != nil {
 		(*h)(s)
 	}
-	c.post(s, n)
-	s.postMu.Unlock()
+	if _, err := c.QP.PostSendMarked(&s.ans, s.wrs[:n]...); err != nil {
+		c.markDead()
+	}
 }
 
 // answer ends the slot's exchange with a RESPONSE (and a grant if one is

@@ -27,12 +27,7 @@ type slot struct {
 	c   *conn
 	idx int
 
-	mu sync.Mutex // state, buf, stag, deadline: handler, worker and lease timer
-	// postMu is held from the freeing of the slot to the end of the post
-	// of its exchange's last WRs (finish): a next command, which a
-	// hostile initiator can send before it has the answer, waits for it
-	// before it rewrites wrs, sge, fr and the send area.
-	postMu  sync.Mutex
+	mu      sync.Mutex // state, buf, stag, deadline: handler, worker and lease timer
 	state   slotState
 	cmd     [blockproto.CommandLen]byte
 	arrived time.Time // set by the handler when the command arrives
@@ -48,6 +43,15 @@ type slot struct {
 	lease    *time.Timer
 	deadline time.Time // of the lease; a timer firing early (stale) is ignored
 	scratch  []byte    // one block for read-modify-write edges
+
+	// ans marks the post of the last exchange's answer (finish), ansLast
+	// the answer's place in it (s.mu for ansLast). The slot is free before
+	// that post, so a next command could come before the answer left; an
+	// honest initiator only sends it once it has the answer, so it is
+	// refused unless the transmitter has begun the answer, having done
+	// with the slot's WRs (and begun reading its send area).
+	ans     rnic.SQMark
+	ansLast int
 
 	wake  chan struct{}
 	pages [1][]byte
@@ -145,6 +149,10 @@ func (c *conn) onRecv(wc *rnic.WC) error {
 		case s.state == slotAwaitWrite && stag == s.stag:
 			s.lease.Stop()
 		case s.state == slotFree:
+			if err := c.answerSent(s, m); err != nil {
+				s.mu.Unlock()
+				return err
+			}
 			g := c.grants.consume(stag)
 			if g == nil {
 				s.mu.Unlock()
@@ -166,13 +174,15 @@ func (c *conn) onRecv(wc *rnic.WC) error {
 			s.mu.Unlock()
 			return fmt.Errorf("%s on busy slot %d (state %d)", m.Op(), k, st)
 		}
+		if err := c.answerSent(s, m); err != nil {
+			s.mu.Unlock()
+			return err
+		}
 	}
 	s.state = slotBusy
 	s.cmd = cmd
 	s.arrived = time.Now()
 	s.mu.Unlock()
-	s.postMu.Lock() // the last exchange's post is done with the slot
-	s.postMu.Unlock()
 	if !c.t.begin() {
 		return nil // draining: no answer; GOODBYE follows and the initiator replays
 	}
@@ -187,6 +197,16 @@ func (c *conn) onRecv(wc *rnic.WC) error {
 		return nil
 	}
 	s.wake <- struct{}{}
+	return nil
+}
+
+// answerSent checks that the transmitter has begun the slot's last answer
+// before the slot takes command m (s.mu held): an initiator cannot have
+// an answer that has not left, so a command before it is a violation.
+func (c *conn) answerSent(s *slot, m blockproto.Command) error {
+	if s.ans.Marked() && !c.QP.SendStarted(&s.ans, s.ansLast) {
+		return fmt.Errorf("%s on slot %d before the slot's last answer was sent", m.Op(), s.idx)
+	}
 	return nil
 }
 

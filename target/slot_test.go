@@ -341,48 +341,69 @@ func TestWriteHereThin(t *testing.T) {
 	}
 }
 
-// TestCommandWhileAnswerPosts: a slot is free before its answer is posted
+// TestCommandBeforeAnswerSent: a slot is free before its answer is posted
 // (an initiator may send the next command as soon as it has the answer,
 // which can be before PostSend returns), so a hostile initiator can send
-// the next command into that gap without waiting for the answer. The
-// next command must wait until the post is done with the slot's WRs: the
-// test holds the FLUSH's answer between the freeing and the post until an
-// inline READ on the same slot has been taken (and, with the handler
-// running it, for 50 ms more), then expects the FLUSH's RESPONSE and the
-// READ's DATA, each once. Before, the handler rewrote the slot's WRs for
-// the READ and the FLUSH's post sent the READ's DATA in its place.
-func TestCommandWhileAnswerPosts(t *testing.T) {
-	r := newRig(t, nil)
-	data := pattern(4096, 7)
-	r.fill(8192, data)
-	p := r.dial(1, 4096)
-	c := r.conn0()
-	freed := make(chan struct{})
-	var once bool
-	hook := func(s *slot) {
-		if once || s.idx != 0 {
-			return
-		}
-		once = true // only the FLUSH's answer: the worker runs it, the READ runs in the handler
-		close(freed)
-		r.waitFor("the READ taken on the freed slot", func() bool { return stateOf(c, 0) == slotBusy })
-		time.Sleep(50 * time.Millisecond)
+// the next command into that gap without waiting for the answer. Taken,
+// it rewrote the slot's WRs while PostSend copied them, or the send area
+// before the transmitter read it, and the first answer went out with the
+// second's bytes. The test holds a FLUSH's answer between the freeing and
+// the post until the early command was handled: it must be refused as a
+// protocol violation, and nothing but the FLUSH's RESPONSE may reach the
+// initiator. An inline READ answers in its DATA area; a granted WRITE in
+// the same send area as the FLUSH (found by review).
+func TestCommandBeforeAnswerSent(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		early func(p *peer) // sends the early command on slot 0
+	}{
+		{"inline READ", func(p *peer) {
+			p.command(blockproto.CommandFields{Op: blockproto.OpRead, Flags: blockproto.FlagInline, Offset: 8192, Length: 4096}, 0, false)
+		}},
+		{"granted WRITE", func(p *peer) {
+			g := p.w.Grants[0]
+			p.rdmaWrite(g.STag, g.TO, pattern(4096, 9))
+			p.command(blockproto.CommandFields{Op: blockproto.OpWrite, Offset: 0, Length: 4096, STag: g.STag}, 0, true)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, nil)
+			p := r.dial(1, 4096)
+			c := r.conn0()
+			freed := make(chan struct{})
+			var once bool
+			hook := func(s *slot) {
+				if once || s.idx != 0 {
+					return
+				}
+				once = true // only the FLUSH's answer (its worker); the early command runs in the handler
+				close(freed)
+				r.waitFor("the early command handled", func() bool {
+					return r.tgt.m.ProtocolErrors.Load() > 0 || stateOf(c, 0) == slotBusy
+				})
+				time.Sleep(50 * time.Millisecond)
+			}
+			c.afterFree.Store(&hook)
+			flush := p.command(blockproto.CommandFields{Op: blockproto.OpFlush}, 0, false)
+			<-freed
+			tc.early(p)
+			r.waitFor("the session to end", r.noSession)
+			if n := r.tgt.m.ProtocolErrors.Load(); n != 1 {
+				t.Fatalf("ProtocolErrors %d, want 1: the early command was taken", n)
+			}
+			for {
+				wc := p.next()
+				if wc.Status != rnic.StatusSuccess {
+					break // the target reset the stream
+				}
+				if wc.Op != rnic.WRRecv {
+					continue
+				}
+				msg := p.ep.Received(&wc)
+				if rsp, err := blockproto.ParseResponse(msg); err != nil || rsp.Tag() != flush {
+					t.Fatalf("the initiator got % x..., want only the FLUSH's RESPONSE (tag %#x)", msg[:min(len(msg), 16)], flush)
+				}
+			}
+		})
 	}
-	c.afterFree.Store(&hook)
-	flush := p.command(blockproto.CommandFields{Op: blockproto.OpFlush}, 0, false)
-	<-freed
-	read := p.command(blockproto.CommandFields{Op: blockproto.OpRead, Flags: blockproto.FlagInline, Offset: 8192, Length: 4096}, 0, false)
-	if r := p.response(flush); r.Status() != blockproto.StatusOK {
-		t.Fatalf("FLUSH: %s", r.Status())
-	}
-	m, err := blockproto.ParseData(p.recv())
-	if err != nil || m.Tag() != read {
-		t.Fatalf("expected the DATA of the READ %#x: %v", read, err)
-	}
-	if !bytes.Equal(m.Payload(), data) {
-		t.Fatal("the READ's DATA holds the wrong bytes")
-	}
-	// Nothing more: the next message is the answer to a third command.
-	holder := p.command(blockproto.CommandFields{Op: blockproto.OpHolder}, 0, false)
-	p.response(holder)
 }

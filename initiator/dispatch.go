@@ -80,11 +80,12 @@ func (q *conn) onRecv(wc *rnic.WC) error {
 		if err != nil {
 			return err
 		}
-		err = sl.onResponse(r) // copies what it keeps out of msg
-		if rerr := q.Repost(i); rerr != nil {
-			return rerr
+		// onResponse copies what it keeps out of msg. After an error the QP is
+		// dropped: no repost, whose failure would hide the cause.
+		if err := sl.onResponse(r); err != nil {
+			return err
 		}
-		return err
+		return q.Repost(i)
 	case blockproto.OpReady:
 		r, err := blockproto.ParseReady(msg)
 		if err != nil {
@@ -109,11 +110,12 @@ func (q *conn) onRecv(wc *rnic.WC) error {
 		if err != nil {
 			return err
 		}
-		err = sl.onData(m) // copies the data out of msg
-		if rerr := q.Repost(i); rerr != nil {
-			return rerr
+		// onData copies the data out of msg. After an error the QP is
+		// dropped: no repost, whose failure would hide the cause.
+		if err := sl.onData(m); err != nil {
+			return err
 		}
-		return err
+		return q.Repost(i)
 	case blockproto.OpExtents:
 		m, err := blockproto.ParseExtents(msg, minIO)
 		if err != nil {
@@ -123,11 +125,12 @@ func (q *conn) onRecv(wc *rnic.WC) error {
 		if err != nil {
 			return err
 		}
-		err = sl.onExtents(m) // copies the descriptors out of msg
-		if rerr := q.Repost(i); rerr != nil {
-			return rerr
+		// onExtents copies the descriptors out of msg. After an error the QP is
+		// dropped: no repost, whose failure would hide the cause.
+		if err := sl.onExtents(m); err != nil {
+			return err
 		}
-		return err
+		return q.Repost(i)
 	case blockproto.OpGoodbye:
 		r, err := blockproto.ParseResponse(msg)
 		if err != nil {

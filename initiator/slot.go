@@ -190,7 +190,13 @@ func (sl *slot) start() error {
 		q.free <- sl.idx
 		return q.cause
 	}
-	if _, err := q.QP.PostSendMarked(&sl.mark, sl.wrs[:n]...); err != nil {
+	var err error
+	if sl.posted { // a granted WRITE: its RESPONSE is checked against the mark
+		_, err = q.QP.PostSendMarked(&sl.mark, sl.wrs[:n]...)
+	} else {
+		_, err = q.QP.PostSend(sl.wrs[:n]...)
+	}
+	if err != nil {
 		// The QP is going away (or its queue overflowed, which this
 		// package sizes never to happen): reset it; the handler fails
 		// every exchange in flight, this one included. After a GOODBYE

@@ -125,10 +125,14 @@ type conn struct {
 	raw       syscall.RawConn // nil when the connection offers none (no inline sends)
 	// sr reads the socket for the receiver (see package sockio); nil when
 	// the connection offers no syscall.RawConn.
-	sr    *sockio.Reader
-	tx    txState
-	rx    rxState
-	drive driveState
+	sr *sockio.Reader
+	// placeWaits counts the receive's waits for the socket inside a
+	// segment's payload (conn.waitReadable): segments that arrived in
+	// pieces. The tests read it to know that a segment is half placed.
+	placeWaits atomic.Uint64
+	tx         txState
+	rx         rxState
+	drive      driveState
 }
 
 // Attach moves an Idle QP to RTS on an established stream (Modify QP
@@ -254,6 +258,42 @@ func (s rxSource) ReadVec(a, b []byte) (int, error) {
 		return s.c.nc.Read(a)
 	}
 	return s.c.read(a, b, false)
+}
+
+// TryReadVec is ReadVec without waiting (mpa.NoWaitReader): with nothing
+// there it returns mpa.ErrWouldBlock. It does not end the batch: the
+// receive reads this way while it holds a region's lock (rxState.place),
+// and runs the batch's handlers only when it is about to wait
+// (conn.waitReadable). A connection with no syscall.RawConn is read as by
+// ReadVec, waiting (it cannot be read without).
+func (s rxSource) TryReadVec(a, b []byte) (int, error) {
+	c := s.c
+	if c.sr == nil {
+		return s.ReadVec(a, b)
+	}
+	n, err := c.read(a, b, true)
+	if errors.Is(err, syscall.EAGAIN) {
+		return 0, mpa.ErrWouldBlock
+	}
+	return n, err
+}
+
+// waitReadable waits, holding no lock, until the socket has more of the
+// FPDU being placed (rxState.place stopped for want of it). It ends the
+// batch first, as a read that may wait does. A deadline a kick set is no
+// error: inside an FPDU the receive does not pause (see conn.read).
+func (c *conn) waitReadable() error {
+	c.rx.batchEnd()
+	c.placeWaits.Add(1)
+	if c.sr == nil {
+		return nil // TryReadVec waits
+	}
+	for {
+		err := c.sr.WaitReadable()
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) || !c.unkick() {
+			return err
+		}
+	}
 }
 
 // kick wakes the transmitter.

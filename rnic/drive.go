@@ -146,7 +146,7 @@ func (c *conn) unkick() bool {
 }
 
 // read reads the socket for the receive loop, into a then b (with nowait,
-// into a only, and an error that is syscall.EAGAIN if nothing is there). A
+// an error that is syscall.EAGAIN if nothing is there). A
 // deadline a kick set is no error: the read goes on, except that a
 // driving waiter pauses at an FPDU boundary (mpa.ErrWouldBlock).
 func (c *conn) read(a, b []byte, nowait bool) (int, error) {
@@ -154,7 +154,7 @@ func (c *conn) read(a, b []byte, nowait bool) (int, error) {
 		var n int
 		var err error
 		if nowait {
-			n, err = c.sr.TryRead(a)
+			n, err = c.sr.TryReadVec(a, b)
 		} else {
 			n, err = c.sr.ReadVec(a, b)
 		}

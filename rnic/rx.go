@@ -394,18 +394,26 @@ func (r *rxState) decodeErr(err error, ev EventType, echo, n int) error {
 	return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnspecified}, ev, echo, n, "%v", err)
 }
 
-// place reads n payload bytes into mp at off.
-func (r *rxState) place(mp *mapping, off, n uint64) error {
+// place reads n payload bytes into mp at off, its caller holding the
+// region's read lock: all of them, or those the socket has now (k) and
+// mpa.ErrWouldBlock. The caller then drops the lock, waits for the socket
+// (conn.waitReadable), takes the lock again and checks the STag again
+// before it places the rest. So a peer that stalls inside a segment never
+// holds a region's lock while the receive waits for it, and an Invalidate,
+// a Deallocate or a Fast-Register of the region (the consumer's, or a
+// lease's expiry) does not wait for that peer; once it returns, none of
+// the segment's later bytes land in the region.
+func (r *rxState) place(mp *mapping, off, n uint64) (k uint64, err error) {
 	rd := r.c.rd
-	for n > 0 {
-		sp := mp.span(off, n)
-		if err := rd.ReadFull(sp); err != nil {
-			return err
+	for k < n {
+		sp := mp.span(off+k, n-k)
+		m, err := rd.ReadSome(sp)
+		k += uint64(m)
+		if err != nil {
+			return k, err
 		}
-		off += uint64(len(sp))
-		n -= uint64(len(sp))
 	}
-	return nil
+	return k, nil
 }
 
 // tagged handles RDMA Write and RDMA Read Response segments.
@@ -449,19 +457,42 @@ func (r *rxState) tagged(op rdmap.Opcode, h ddp.Tagged, payload, n int) error {
 		return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPTagged, Code: term.TaggedInvalidSTag},
 			EventWriteNotEnabled, r.hl, n, "inbound RDMA Write and Read Response are not enabled on this QP")
 	}
-	e := r.c.dev.stags.lookup(stag)
-	if e == nil {
-		cause, ev := faultSTag.terminate(sitePlacement)
-		return r.perr(cause, ev, r.hl, n, "unknown STag %s", stag)
+	// The payload goes in pieces when the socket does not hold all of it
+	// (see place): each is checked against the STag as it is then, at its
+	// own TO. A region revoked between two pieces ends the stream with
+	// the Terminate a segment to the revoked STag gets.
+	for done := uint64(0); ; {
+		e := r.c.dev.stags.lookup(stag)
+		if e == nil {
+			cause, ev := faultSTag.terminate(sitePlacement)
+			return r.perr(cause, ev, r.hl, n, "unknown STag %s%s", stag, placedNote(done))
+		}
+		e.mu.RLock()
+		mp, off, f := e.remoteAccess(qp, stag, to+done, uint64(payload)-done, RemoteWrite)
+		if f != faultNone {
+			e.mu.RUnlock()
+			cause, ev := f.terminate(sitePlacement)
+			return r.perr(cause, ev, r.hl, n, "%s at STag %s TO 0x%x length %d%s", f, stag, to, payload, placedNote(done))
+		}
+		k, err := r.place(mp, off, uint64(payload)-done)
+		e.mu.RUnlock()
+		done += k
+		if err != mpa.ErrWouldBlock {
+			return err
+		}
+		if err := r.c.waitReadable(); err != nil {
+			return err
+		}
 	}
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	mp, off, f := e.remoteAccess(qp, stag, to, uint64(payload), RemoteWrite)
-	if f != faultNone {
-		cause, ev := f.terminate(sitePlacement)
-		return r.perr(cause, ev, r.hl, n, "%s at STag %s TO 0x%x length %d", f, stag, to, payload)
+}
+
+// placedNote is what a placement error adds when part of the segment was
+// placed before the region was found revoked.
+func placedNote(done uint64) string {
+	if done == 0 {
+		return ""
 	}
-	return r.place(mp, off, uint64(payload))
+	return fmt.Sprintf(" (revoked after %d bytes of the segment were placed)", done)
 }
 
 // leftRTS reports how the receive loop ends once the QP has left RTS: a
@@ -593,28 +624,36 @@ func (r *rxState) scatter(mo, n uint64, ulpdu int) error {
 			continue
 		}
 		take := min(l-off, n)
-		e := r.c.dev.stags.lookup(s.STag)
-		st := StatusInvalidSTag
-		if e != nil {
-			e.mu.RLock()
-			var mp *mapping
-			var moff uint64
-			mp, moff, st = e.localAccess(pd, s.STag, s.TO+off, take, LocalWrite)
-			if st == StatusSuccess {
-				err := r.place(mp, moff, take)
-				e.mu.RUnlock()
-				if err != nil {
-					return err
+		// In pieces as in tagged: each checked against the buffer's
+		// STag as it is then.
+		for done := uint64(0); done < take; {
+			e := r.c.dev.stags.lookup(s.STag)
+			st := StatusInvalidSTag
+			var k uint64
+			var err error
+			if e != nil {
+				e.mu.RLock()
+				var mp *mapping
+				var moff uint64
+				mp, moff, st = e.localAccess(pd, s.STag, s.TO+off+done, take-done, LocalWrite)
+				if st == StatusSuccess {
+					k, err = r.place(mp, moff, take-done)
 				}
-			} else {
 				e.mu.RUnlock()
 			}
-		}
-		if st != StatusSuccess {
-			p := r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}, 0, 0, ulpdu,
-				"receive buffer STag %s: %s", s.STag, st)
-			p.wc = st
-			return p
+			if st != StatusSuccess {
+				p := r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMALocalCatastrophic}, 0, 0, ulpdu,
+					"receive buffer STag %s: %s%s", s.STag, st, placedNote(done))
+				p.wc = st
+				return p
+			}
+			done += k
+			if err == mpa.ErrWouldBlock {
+				err = r.c.waitReadable()
+			}
+			if err != nil {
+				return err
+			}
 		}
 		n -= take
 		off = 0

@@ -16,7 +16,11 @@ import (
 // Every access through an STag runs under the entry's read lock, and every
 // state change (invalidate, deregister, bind, fast-register) under its write
 // lock, so an invalidation waits for in-flight placement to finish and no
-// byte is placed through an STag once its invalidation has returned.
+// byte is placed through an STag once its invalidation has returned. The
+// receive holds the read lock only while it copies bytes that have arrived:
+// it waits for the rest of a segment without it, and checks the STag again
+// after (rxState.place), so a peer that stalls inside a segment cannot make
+// an invalidation wait for it.
 
 type entryKind uint8
 

@@ -20,7 +20,14 @@ type Reader struct {
 	fn    func(fd uintptr) bool // made once: a closure per read would allocate
 	// nowait: a read that finds nothing returns EAGAIN (TryRead).
 	nowait bool
+	// waitFn is WaitReadable's callback (made once).
+	waitFn func(fd uintptr) bool
 }
+
+// errAgain is what a read without waiting returns when nothing is there.
+// It is made once: the receive meets it on its data path (TryReadVec, each
+// time a segment's payload must be waited for), which allocates nothing.
+var errAgain error = os.NewSyscallError("read", syscall.EAGAIN)
 
 // NewReader returns a Reader of nc, or nil when nc offers no
 // syscall.RawConn.
@@ -57,6 +64,7 @@ func NewReader(nc net.Conn) *Reader {
 			return true
 		}
 	}
+	r.waitFn = func(fd uintptr) bool { return Ready(fd) } // false: wait until readable
 	return r
 }
 
@@ -72,6 +80,25 @@ func (r *Reader) TryRead(p []byte) (int, error) {
 	r.nowait = false
 	return n, err
 }
+
+// TryReadVec is ReadVec without waiting: when nothing is there it returns
+// an error that is syscall.EAGAIN (errors.Is).
+func (r *Reader) TryReadVec(a, b []byte) (int, error) {
+	r.nowait = true
+	n, err := r.ReadVec(a, b)
+	r.nowait = false
+	return n, err
+}
+
+// WaitReadable waits until a read would not wait: bytes are there, or the
+// stream ended, or the socket failed. It reads nothing. Like a read, it
+// honours the read deadline (os.ErrDeadlineExceeded) and ends when the
+// connection is closed.
+//
+// The readiness the network poller saw before the call is dropped as the
+// wait begins, so WaitReadable looks at the socket first (Ready), and
+// waits only if nothing is there.
+func (r *Reader) WaitReadable() error { return r.raw.Read(r.waitFn) }
 
 // ReadVec reads into a, then b, in one system call: what is there, at
 // least one byte, or io.EOF at the end of the stream.
@@ -96,6 +123,8 @@ func (r *Reader) ReadVec(a, b []byte) (int, error) {
 	switch {
 	case err != nil:
 		return 0, err
+	case r.errno == syscall.EAGAIN:
+		return 0, errAgain
 	case r.errno != 0:
 		return 0, os.NewSyscallError("read", r.errno)
 	case r.n == 0:

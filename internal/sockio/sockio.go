@@ -35,7 +35,11 @@
 // the same effect.
 package sockio
 
-import "syscall"
+import (
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
 
 func errno(n int, err error) (int, syscall.Errno) {
 	if err != nil {
@@ -46,4 +50,23 @@ func errno(n int, err error) (int, syscall.Errno) {
 		return 0, e
 	}
 	return n, 0
+}
+
+// Ready reports whether a read of the socket fd would return at once:
+// bytes are there, the stream ended, or the socket has an error. It asks
+// poll(2) with no timeout, which consumes nothing: a recv, even with
+// MSG_PEEK, would take the socket's pending error (a reset) away from
+// the read that follows, which would then see only the end of the stream.
+func Ready(fd uintptr) bool {
+	fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds[:], 0)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return true // the read reports what is wrong
+		}
+		return n > 0
+	}
 }

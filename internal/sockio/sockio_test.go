@@ -175,12 +175,18 @@ func TestReaderNoAllocs(t *testing.T) {
 		if _, err := a.Write(msg); err != nil {
 			t.Fatal(err)
 		}
+		if err := r.WaitReadable(); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := io.ReadFull(r, buf); err != nil {
 			t.Fatal(err)
 		}
+		if n, err := r.TryReadVec(buf, buf); n != 0 || !errors.Is(err, syscall.EAGAIN) {
+			t.Fatalf("TryReadVec of an empty socket: %d, %v", n, err)
+		}
 	})
 	if allocs != 0 {
-		t.Fatalf("%v allocations per write and read, want 0", allocs)
+		t.Fatalf("%v allocations per write, wait and read, want 0", allocs)
 	}
 }
 
@@ -234,5 +240,66 @@ func TestTryRead(t *testing.T) {
 	}
 	if err != io.EOF {
 		t.Fatalf("TryRead at the end of the stream: %v, want EOF", err)
+	}
+}
+
+// TestWaitReadable: WaitReadable waits for bytes without consuming them
+// (also for bytes that came before it was called), honours the read
+// deadline, and returns at the end of the stream; TryReadVec fills both
+// buffers from what is there.
+func TestWaitReadable(t *testing.T) {
+	a, b := pair(t)
+	r := NewReader(b)
+	b.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
+	if err := r.WaitReadable(); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("WaitReadable on an empty socket: %v, want the deadline", err)
+	}
+	b.SetReadDeadline(time.Time{})
+	// Bytes that arrive while it waits.
+	done := make(chan error, 1)
+	go func() { done <- r.WaitReadable() }()
+	if _, err := a.Write([]byte("0123456789")); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// Bytes already there: at once, and again, since it consumes none.
+	for range 2 {
+		if err := r.WaitReadable(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x, y := make([]byte, 4), make([]byte, 16)
+	var n int
+	var err error
+	for got := 0; got < 10; got += n {
+		if n, err = r.TryReadVec(x[min(got, 4):], y[max(got-4, 0):]); err != nil {
+			t.Fatalf("TryReadVec after %d bytes: %v", got, err)
+		}
+	}
+	if string(x)+string(y[:6]) != "0123456789" {
+		t.Fatalf("TryReadVec read %q %q", x, y)
+	}
+	if n, err := r.TryReadVec(x, y); n != 0 || !errors.Is(err, syscall.EAGAIN) {
+		t.Fatalf("TryReadVec of an empty socket: %d, %v; want EAGAIN", n, err)
+	}
+	a.Close()
+	if err := r.WaitReadable(); err != nil {
+		t.Fatalf("WaitReadable at the end of the stream: %v", err)
+	}
+	if _, err := r.TryReadVec(x, y); err != io.EOF {
+		t.Fatalf("TryReadVec at the end of the stream: %v, want EOF", err)
+	}
+	// A reset: WaitReadable returns, and leaves the error to the read.
+	a, b = pair(t)
+	r = NewReader(b)
+	a.SetLinger(0)
+	a.Close()
+	if err := r.WaitReadable(); err != nil {
+		t.Fatalf("WaitReadable after a reset: %v", err)
+	}
+	if _, err := r.TryReadVec(x, y); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("TryReadVec after a reset: %v, want ECONNRESET", err)
 	}
 }

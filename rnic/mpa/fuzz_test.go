@@ -49,6 +49,13 @@ func FuzzReader(f *testing.F) {
 		if !reflect.DeepEqual(vgot, got) || fmt.Sprint(verr) != fmt.Sprint(err) {
 			t.Fatalf("vectored source: %d FPDUs, %v; plain: %d, %v", len(vgot), verr, len(got), err)
 		}
+		// And from a source that often has nothing, read with ReadSome
+		// (the receive's placement under a region's lock).
+		nw := &nowaitVec{vecReader: vecReader{chunkReader: chunkReader{b: stream, sizes: []int{5000, 3, 70000, 1}}}}
+		sgot, serr := fuzzReadWith(t, NewReader(nw, cfg), stream, true)
+		if !reflect.DeepEqual(sgot, got) || fmt.Sprint(serr) != fmt.Sprint(err) {
+			t.Fatalf("ReadSome: %d FPDUs, %v; ReadFull: %d, %v", len(sgot), serr, len(got), err)
+		}
 		var te *term.Error
 		switch {
 		case err == io.EOF, errors.Is(err, io.ErrUnexpectedEOF):
@@ -82,6 +89,12 @@ func FuzzReader(f *testing.F) {
 // fuzzRead reads r's FPDUs as FuzzReader does: half of each ULPDU with
 // ReadFull, the rest read or discarded in turn.
 func fuzzRead(t *testing.T, r *Reader, stream []byte) ([][]byte, error) {
+	return fuzzReadWith(t, r, stream, false)
+}
+
+// fuzzReadWith is fuzzRead, reading the first half of each ULPDU with
+// ReadSome when some is set.
+func fuzzReadWith(t *testing.T, r *Reader, stream []byte, some bool) ([][]byte, error) {
 	var got [][]byte
 	var err error
 	for i := 0; ; i++ {
@@ -97,7 +110,13 @@ func fuzzRead(t *testing.T, r *Reader, stream []byte) ([][]byte, error) {
 		}
 		u := make([]byte, n)
 		half := n / 2
-		if err = r.ReadFull(u[:half]); err != nil {
+		if some {
+			var blocked int
+			err = readSome(t, r, u[:half], &blocked)
+		} else {
+			err = r.ReadFull(u[:half])
+		}
+		if err != nil {
 			break
 		}
 		if i%2 == 0 {

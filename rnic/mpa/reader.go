@@ -57,6 +57,13 @@ type VecReader interface {
 	ReadVec(a, b []byte) (n int, err error)
 }
 
+// NoWaitReader is a stream source that can read without waiting:
+// TryReadVec is ReadVec, except that when nothing is there now it returns
+// (0, ErrWouldBlock) at once. ReadSome reads through it.
+type NoWaitReader interface {
+	TryReadVec(a, b []byte) (n int, err error)
+}
+
 // Reader parses the FPDU stream of one MPA connection in full operation.
 // One goroutine owns it. Per FPDU the caller calls Next, then ReadFull and
 // Discard for the ULPDU bytes it wants, then Finish, which checks the CRC.
@@ -73,7 +80,8 @@ type VecReader interface {
 // io.ErrUnexpectedEOF; other I/O errors are returned wrapped.
 type Reader struct {
 	r   io.Reader
-	vr  VecReader // r, when it can read vectored; else nil
+	vr  VecReader    // r, when it can read vectored; else nil
+	nw  NoWaitReader // r, when it can read without waiting; else nil
 	cfg ReaderConfig
 	buf []byte
 	lo  int // buf[lo:hi] is buffered, unconsumed stream
@@ -93,6 +101,9 @@ type Reader struct {
 	// ULPDU_LENGTH) and has begun to consume it: the Reader is no longer
 	// between FPDUs, though its buffer may be empty.
 	inHeader bool
+	// nowait: ReadSome is reading; the source is read through nw, and a
+	// read that finds nothing ends it.
+	nowait bool
 
 	nextMarker uint64 // stream offset of the next marker (Markers only)
 	fpduStart  uint64 // stream offset where the current FPDU begins
@@ -114,14 +125,16 @@ func NewReader(r io.Reader, cfg ReaderConfig) *Reader {
 	}
 	cfg.BufSize = max(cfg.BufSize, minBufSize)
 	vr, _ := r.(VecReader)
-	return &Reader{r: r, vr: vr, cfg: cfg, buf: make([]byte, cfg.BufSize)}
+	nw, _ := r.(NoWaitReader)
+	return &Reader{r: r, vr: vr, nw: nw, cfg: cfg, buf: make([]byte, cfg.BufSize)}
 }
 
 // Reset discards all state, including any error and buffered bytes, and
 // makes r read a new stream from src, keeping its buffer and configuration.
 func (r *Reader) Reset(src io.Reader) {
 	vr, _ := src.(VecReader)
-	*r = Reader{r: src, vr: vr, cfg: r.cfg, buf: r.buf}
+	nw, _ := src.(NoWaitReader)
+	*r = Reader{r: src, vr: vr, nw: nw, cfg: r.cfg, buf: r.buf}
 }
 
 // Buffered returns the number of stream bytes read from the connection and
@@ -156,9 +169,15 @@ func (r *Reader) fill() error {
 	}
 	for range maxEmptyReads {
 		idle := r.Idle()
-		n, err := r.r.Read(r.buf[r.hi:end])
-		if err == ErrWouldBlock && n == 0 && idle {
-			return err // not sticky: see ErrWouldBlock
+		var n int
+		var err error
+		if r.nowait {
+			n, err = r.nw.TryReadVec(r.buf[r.hi:end], nil)
+		} else {
+			n, err = r.r.Read(r.buf[r.hi:end])
+		}
+		if err == ErrWouldBlock && n == 0 && (idle || r.nowait) {
+			return err // not sticky: see ErrWouldBlock and ReadSome
 		}
 		r.hi += n
 		if err != nil {
@@ -232,13 +251,15 @@ func (r *Reader) marker() error {
 }
 
 // consume moves n stream bytes, markers stripped, into dst (or drops them
-// when dst is nil), adding them to the CRC when sum is set.
-func (r *Reader) consume(dst []byte, n int, sum bool) error {
+// when dst is nil), adding them to the CRC when sum is set. On an error it
+// returns how many it moved before it.
+func (r *Reader) consume(dst []byte, n int, sum bool) (int, error) {
 	sum = sum && r.cfg.CRC
+	want := n
 	for n > 0 {
 		if r.cfg.Markers && r.off == r.nextMarker {
 			if err := r.marker(); err != nil {
-				return err
+				return want - n, err
 			}
 			continue
 		}
@@ -249,21 +270,28 @@ func (r *Reader) consume(dst []byte, n int, sum bool) error {
 				// what follows into the buffer when the source can.
 				var k int
 				var err error
-				if r.vr != nil {
+				switch {
+				case r.nowait:
+					r.lo, r.hi = 0, 0
+					k, err = r.nw.TryReadVec(dst[:n], r.buf[:min(directTail, len(r.buf))])
+				case r.vr != nil:
 					r.lo, r.hi = 0, 0
 					k, err = r.vr.ReadVec(dst[:n], r.buf[:min(directTail, len(r.buf))])
-					if k > n {
-						r.hi = k - n
-						k = n
-					}
-				} else {
+				default:
 					k, err = r.r.Read(dst[:n])
+				}
+				if k > n {
+					r.hi = k - n
+					k = n
 				}
 				if k > 0 {
 					if sum {
 						r.crc = crc32c.Update(r.crc, dst[:k])
 					}
 					dst, n, r.off = dst[k:], n-k, r.off+uint64(k)
+				}
+				if err == ErrWouldBlock && k == 0 && r.nowait {
+					return want - n, err // not sticky: see ReadSome
 				}
 				if err != nil {
 					r.readErr = err
@@ -273,7 +301,7 @@ func (r *Reader) consume(dst []byte, n int, sum bool) error {
 				}
 			}
 			if err := r.fill(); err != nil {
-				return err
+				return want - n, err
 			}
 			continue
 		}
@@ -297,7 +325,7 @@ func (r *Reader) consume(dst []byte, n int, sum bool) error {
 		r.off += uint64(k)
 		n -= k
 	}
-	return nil
+	return want, nil
 }
 
 // Next finishes the current FPDU if the caller has not, then begins the
@@ -328,7 +356,7 @@ func (r *Reader) Next() (int, error) {
 	r.crc = 0
 	lb := r.scratch[:HeaderLen]
 	r.inHeader = true
-	if err := r.consume(lb, HeaderLen, true); err != nil {
+	if _, err := r.consume(lb, HeaderLen, true); err != nil {
 		return 0, r.fail(midFPDU(err))
 	}
 	r.inHeader = false
@@ -354,8 +382,10 @@ var errBeyond = errors.New("mpa: read past the end of the ULPDU")
 
 // ErrWouldBlock is what a stream source may return from Read, with no
 // bytes, while the Reader is Idle, to make Next return at once: Next then
-// returns it and nothing changes; the next call reads again. Returned
-// anywhere else it is a read error like any other.
+// returns it and nothing changes; the next call reads again. A
+// NoWaitReader's TryReadVec returns it when nothing is there, and ReadSome
+// then returns it. Returned anywhere else it is a read error like any
+// other.
 var ErrWouldBlock = errors.New("mpa: nothing to read now")
 
 // Idle reports that the Reader is between FPDUs with nothing buffered: a
@@ -371,11 +401,38 @@ func (r *Reader) ReadFull(p []byte) error {
 	if !r.inFPDU || len(p) > r.remain {
 		return fmt.Errorf("%w: %d bytes asked, %d left", errBeyond, len(p), r.remain)
 	}
-	if err := r.consume(p, len(p), true); err != nil {
+	if _, err := r.consume(p, len(p), true); err != nil {
 		return r.fail(midFPDU(err))
 	}
 	r.remain -= len(p)
 	return nil
+}
+
+// ReadSome is ReadFull that does not wait for the stream: it reads the
+// next len(p) ULPDU bytes into p if they are there, or as many as are
+// there, n, and then returns ErrWouldBlock. That error is not sticky: the
+// FPDU goes on with the next ReadSome, ReadFull, Discard or Finish. It
+// lets a caller that reads into memory it holds a lock on read only what
+// has arrived, and wait for the rest without the lock. A source that is
+// no NoWaitReader is read as by ReadFull, waiting.
+func (r *Reader) ReadSome(p []byte) (n int, err error) {
+	if r.err != nil {
+		return 0, r.err
+	}
+	if !r.inFPDU || len(p) > r.remain {
+		return 0, fmt.Errorf("%w: %d bytes asked, %d left", errBeyond, len(p), r.remain)
+	}
+	r.nowait = r.nw != nil
+	n, err = r.consume(p, len(p), true)
+	r.nowait = false
+	r.remain -= n
+	switch {
+	case err == nil:
+		return n, nil
+	case err == ErrWouldBlock:
+		return n, err
+	}
+	return n, r.fail(midFPDU(err))
 }
 
 // Discard skips the next n ULPDU bytes (still checksummed).
@@ -386,7 +443,7 @@ func (r *Reader) Discard(n int) error {
 	if !r.inFPDU || n < 0 || n > r.remain {
 		return fmt.Errorf("%w: %d bytes to discard, %d left", errBeyond, n, r.remain)
 	}
-	if err := r.consume(nil, n, true); err != nil {
+	if _, err := r.consume(nil, n, true); err != nil {
 		return r.fail(midFPDU(err))
 	}
 	r.remain -= n
@@ -404,12 +461,12 @@ func (r *Reader) Finish() error {
 	if !r.inFPDU {
 		return nil
 	}
-	if err := r.consume(nil, r.remain+r.pad, true); err != nil {
+	if _, err := r.consume(nil, r.remain+r.pad, true); err != nil {
 		return r.fail(midFPDU(err))
 	}
 	r.remain = 0
 	cb := r.scratch[:CRCLen]
-	if err := r.consume(cb, CRCLen, false); err != nil {
+	if _, err := r.consume(cb, CRCLen, false); err != nil {
 		return r.fail(midFPDU(err))
 	}
 	r.inFPDU = false

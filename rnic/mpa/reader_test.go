@@ -750,3 +750,178 @@ func TestReaderIdleMidHeader(t *testing.T) {
 		})
 	}
 }
+
+// nowaitVec is a vecReader that is also a NoWaitReader: every other
+// TryReadVec finds nothing (ErrWouldBlock), as a socket read without
+// waiting does while the peer's bytes are still on their way. Its plain
+// reads (ReadFull's) never find nothing.
+type nowaitVec struct {
+	vecReader
+	tries, blocks int
+}
+
+func (v *nowaitVec) TryReadVec(a, b []byte) (int, error) {
+	v.tries++
+	if v.tries%2 == 1 {
+		v.blocks++
+		return 0, ErrWouldBlock
+	}
+	return v.ReadVec(a, b)
+}
+
+// readSome reads len(p) ULPDU bytes with ReadSome, calling it again after
+// each ErrWouldBlock (where a caller would wait for the socket); it counts
+// those in blocked.
+func readSome(t *testing.T, r *Reader, p []byte, blocked *int) error {
+	t.Helper()
+	for len(p) > 0 {
+		n, err := r.ReadSome(p)
+		if n < 0 || n > len(p) {
+			t.Fatalf("ReadSome of %d bytes returned %d", len(p), n)
+		}
+		p = p[n:]
+		switch {
+		case err == ErrWouldBlock:
+			*blocked++
+		case err != nil:
+			return err
+		case len(p) > 0:
+			t.Fatalf("ReadSome returned %d bytes short and no error", len(p))
+		}
+	}
+	return nil
+}
+
+// TestReaderReadSome: ReadSome reads what the source has, stops without
+// error state when it has nothing, and goes on where it stopped: payloads,
+// CRCs and markers come out as with ReadFull, large payloads still go
+// direct, and errors after a stop are the usual ones.
+func TestReaderReadSome(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	var us [][]byte
+	for i := range 16 {
+		n := 40000 + rng.IntN(20000)
+		if i%4 == 3 {
+			n = MinULPDU + rng.IntN(300)
+		}
+		u := make([]byte, n)
+		for j := range u {
+			u[j] = byte(rng.Uint32())
+		}
+		us = append(us, u)
+	}
+	var mw markerWriter
+	for _, u := range us {
+		mw.fpdu(u, true)
+	}
+	for _, tc := range []struct {
+		name   string
+		stream []byte
+		cfg    ReaderConfig
+	}{
+		{"crc", plainStream(us, true), ReaderConfig{CRC: true, BufSize: 256 << 10}},
+		{"no crc", plainStream(us, false), ReaderConfig{BufSize: 256 << 10}},
+		{"markers", mw.out, ReaderConfig{CRC: true, Markers: true, BufSize: 4096}},
+		{"small buffer", plainStream(us, true), ReaderConfig{CRC: true, BufSize: 64}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := &nowaitVec{vecReader: vecReader{chunkReader: chunkReader{b: tc.stream, sizes: []int{7000, 3, 65536, 1, 20000}}}}
+			r := NewReader(src, tc.cfg)
+			blocked := 0
+			var got [][]byte
+			for {
+				n, err := r.Next()
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Fatalf("FPDU %d: %v", len(got), err)
+				}
+				u := make([]byte, n)
+				// Some of it with ReadSome, a little with ReadFull
+				// between, the rest with ReadSome again.
+				third := n / 3
+				if err := readSome(t, r, u[:third], &blocked); err != nil {
+					t.Fatal(err)
+				}
+				if err := r.ReadFull(u[third : third+5]); err != nil {
+					t.Fatal(err)
+				}
+				if err := readSome(t, r, u[third+5:], &blocked); err != nil {
+					t.Fatal(err)
+				}
+				if r.Remaining() != 0 {
+					t.Fatalf("FPDU %d: %d bytes remain", len(got), r.Remaining())
+				}
+				if err := r.Finish(); err != nil {
+					t.Fatalf("FPDU %d: %v", len(got), err)
+				}
+				got = append(got, u)
+			}
+			sameULPDUs(t, got, us)
+			// Only ReadSome reads with TryReadVec: each time the source
+			// found nothing, ReadSome stopped.
+			if blocked == 0 || blocked != src.blocks {
+				t.Fatalf("ReadSome stopped %d times, the source found nothing %d times", blocked, src.blocks)
+			}
+			if !tc.cfg.Markers && tc.cfg.BufSize > 4096 && src.direct < 40000*len(us)/2 {
+				t.Fatalf("%d payload bytes placed directly", src.direct)
+			}
+		})
+	}
+	t.Run("errors", func(t *testing.T) {
+		s := plainStream(us[:2], true)
+		bad := append([]byte(nil), s...)
+		bad[100] ^= 1
+		r := NewReader(&nowaitVec{vecReader: vecReader{chunkReader: chunkReader{b: bad, sizes: []int{50}}}}, ReaderConfig{CRC: true})
+		n, err := r.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocked := 0
+		if err := readSome(t, r, make([]byte, n), &blocked); err != nil {
+			t.Fatal(err)
+		}
+		var te *term.Error
+		if err := r.Finish(); !errors.As(err, &te) || te.Cause.Code != term.MPACRC {
+			t.Fatalf("corrupt payload read with ReadSome: %v, want a CRC error", err)
+		}
+		// The stream ends inside an FPDU: io.ErrUnexpectedEOF, sticky.
+		r = NewReader(&nowaitVec{vecReader: vecReader{chunkReader: chunkReader{b: s[:1000], sizes: []int{300}}}}, ReaderConfig{CRC: true})
+		if n, err = r.Next(); err != nil {
+			t.Fatal(err)
+		}
+		if err := readSome(t, r, make([]byte, n), &blocked); !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("truncated stream: %v", err)
+		}
+		if _, err := r.ReadSome(make([]byte, 1)); !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("error not sticky: %v", err)
+		}
+		// Asking past the ULPDU is refused, and changes nothing.
+		r = NewReader(&nowaitVec{vecReader: vecReader{chunkReader: chunkReader{b: s, sizes: []int{1 << 20}}}}, ReaderConfig{CRC: true})
+		if n, err = r.Next(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.ReadSome(make([]byte, n+1)); !errors.Is(err, errBeyond) {
+			t.Fatalf("ReadSome past the ULPDU: %v", err)
+		}
+		if err := readSome(t, r, make([]byte, n), &blocked); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Finish(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("plain source", func(t *testing.T) {
+		// A source with no TryReadVec: ReadSome waits, as ReadFull does,
+		// and reads the same.
+		stream := plainStream(us[:3], true)
+		src := func() *chunkReader { return &chunkReader{b: stream, sizes: []int{999}} }
+		got, err := fuzzReadWith(t, NewReader(src(), ReaderConfig{CRC: true}), stream, true)
+		want, werr := fuzzRead(t, NewReader(src(), ReaderConfig{CRC: true}), stream)
+		if err != io.EOF || werr != io.EOF {
+			t.Fatalf("ReadSome: %v; ReadFull: %v", err, werr)
+		}
+		sameULPDUs(t, got, want)
+	})
+}

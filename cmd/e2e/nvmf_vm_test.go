@@ -77,10 +77,12 @@ FP=$!
 sleep 2
 kill -0 $FP; echo "CHECK fio-running-at-kill rc=$?"
 step fio-running
-wait $FP; echo "CHECK fio-crash rc=$?"
+wait $FP; R=$?; echo "CHECK fio-crash rc=$R"
 echo "SIWCRC $(dmesg | grep -c 'siw: crc error')"
 dmesg | grep -q "Successfully reconnected"; echo "CHECK reconnected rc=$?"
-dmesg | grep "nvme nvme" | tail -6
+# On a failure the host's whole account of the kill, to tell its cause.
+[ $R -eq 0 ] && N=6 || N=80
+dmesg | grep -E "nvme|siw|I/O error|blk_" | tail -$N
 mount -t ext4 $FS /mnt/fs && cmp /tmp/f /mnt/fs/f; echo "CHECK after-crash-cmp rc=$?"
 umount /mnt/fs; e2fsck -fn $FS > /tmp/fsck 2>&1; echo "CHECK after-crash-e2fsck rc=$?"
 nvme disconnect-all; echo "CHECK disconnect rc=$?"

@@ -33,7 +33,7 @@
 // memory only while the exchange needs it. A WRITE ends at the target's
 // RESPONSE; its Invalidate is posted with the RDMA Write but not waited
 // for. The handler believes the RESPONSE only once the transmitter has
-// begun the WRITE's Send (rnic.QP.SendStarted), so it has read all of the
+// gathered the WRITE's Send (rnic.QP.SendGathered), so it has read all of the
 // buffer: a target answering a WRITE it cannot have received is a
 // protocol error, and the QP stops before the caller gets the buffer
 // back. A blocking caller

@@ -63,7 +63,7 @@ type slot struct {
 	sge    [2]rnic.SGE
 	// mark names where the WRITE's Fast-Register, RDMA Write, WRITE and
 	// Invalidate were queued (posted set): the RESPONSE is only believed
-	// once the transmitter has begun the WRITE, having read all of p.
+	// once the transmitter has gathered the WRITE, having read all of p.
 	mark   rnic.SQMark
 	posted bool
 
@@ -277,9 +277,9 @@ func (sl *slot) onResponse(r blockproto.Response) error {
 	if sl.stage == stageExtents && r.Status() == blockproto.StatusOK {
 		return fmt.Errorf("%w: RESPONSE with status OK to a BLOCK_STATUS", ErrProtocol)
 	}
-	if sl.posted && !sl.q.QP.SendStarted(&sl.mark, wrWriteCmd) {
+	if sl.posted && !sl.q.QP.SendGathered(&sl.mark, wrWriteCmd) {
 		// The target cannot have received a WRITE our transmitter has not
-		// begun: the answer is forged, and the RDMA Write may still read
+		// gathered: the answer is forged, and the RDMA Write may still read
 		// p. Failing the QP makes stop wait for the engine before the
 		// caller gets p back.
 		return fmt.Errorf("%w: RESPONSE to a WRITE on slot %d before the WRITE was sent", ErrProtocol, sl.idx)

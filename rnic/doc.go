@@ -37,9 +37,10 @@
 // until their completion is polled: the CQ's lock orders the engine's writes
 // before the consumer's reads. A third extension tells how far the
 // transmitter got without a completion: PostSendMarked records where a list
-// of WRs was queued and SendStarted reports whether one was begun, which
-// means every Send and RDMA Write before it was read from memory (a consumer
-// checks a peer's answer against it; unsignaled WRs stay unsignaled).
+// of WRs was queued and SendGathered reports whether one was gathered: its
+// bytes, and those of every WR before it, were read from memory and none
+// of them is read again (a consumer checks a peer's answer against it;
+// unsignaled WRs stay unsignaled).
 //
 // # Design notes
 //

@@ -19,7 +19,7 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 }
 
 // SQMark records where PostSendMarked queued a list of work requests, for
-// SendStarted. Its zero value marks nothing.
+// SendGathered. Its zero value marks nothing.
 type SQMark struct {
 	pos atomic.Uint64 // send queue position of the list's first WR, plus one; markHeld
 }
@@ -27,7 +27,7 @@ type SQMark struct {
 // markHeld is an SQMark's value between Hold and the post.
 const markHeld = math.MaxUint64
 
-// Hold makes m await a post: SendStarted reports false until
+// Hold makes m await a post: SendGathered reports false until
 // PostSendMarked records one. A consumer that makes an exchange visible
 // (to a completion handler) before it posts the exchange's WRs holds its
 // mark first, so that the handler cannot check the previous exchange's.
@@ -44,23 +44,24 @@ func (qp *QP) PostSendMarked(m *SQMark, wrs ...SendWR) (int, error) {
 	return qp.postSend(m, wrs)
 }
 
-// SendStarted reports whether the transmitter has begun WR i of the list
-// m marks. The transmitter takes WRs one at a time, in order: once it has
-// begun one, it has gathered every Send and RDMA Write posted before it,
-// and reads none of their local buffers again. False if m marks nothing
-// or awaits a post.
+// SendGathered reports whether the transmitter has gathered WR i of the
+// list m marks: copied all of its bytes (a Send's, an RDMA Write's) into
+// the stream, or executed it. The transmitter takes WRs one at a time, in
+// order, so it has gathered every WR before it too, and reads none of
+// their local buffers again. It reports so before the last of the WR's
+// bytes can leave. False if m marks nothing or awaits a post.
 //
 // A consumer uses it to check an answer against its own send queue: a
-// peer cannot answer a message the transmitter has not begun, so an
-// answer that comes first is forged, and the buffers it would release may
-// still be read.
-func (qp *QP) SendStarted(m *SQMark, i int) bool {
+// peer cannot answer a message before all of it left, so an answer that
+// comes first is forged, and the buffers it would release may still be
+// read.
+func (qp *QP) SendGathered(m *SQMark, i int) bool {
 	v := m.pos.Load()
 	if v == 0 || v == markHeld {
 		return false
 	}
 	pos := uint32(v-1) + uint32(i)
-	return int32(qp.sq.begun.Load()-pos) > 0
+	return int32(qp.sq.gathered.Load()-pos) > 0
 }
 
 func (qp *QP) postSend(m *SQMark, wrs []SendWR) (int, error) {

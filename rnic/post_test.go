@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"runtime"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/rnic-dev/rnic/internal/rawpeer"
+	"github.com/rnic-dev/rnic/rnic/rdmap"
 )
 
 // postUntilRefused posts WRs on qp until posting is refused with
@@ -138,11 +142,11 @@ func TestPostFlushRace(t *testing.T) {
 	})
 }
 
-// TestSendStarted: a mark names the WRs PostSendMarked queued, and
-// SendStarted tells whether the transmitter has begun each: not while the
-// transmitter is held (the test holds its lock, as sendLeftOnSQ does),
+// TestSendGathered: a mark names the WRs PostSendMarked queued, and
+// SendGathered tells whether the transmitter has gathered each: not while
+// the transmitter is held (the test holds its lock, as sendLeftOnSQ does),
 // then yes once the peer received them. A zero mark names nothing.
-func TestSendStarted(t *testing.T) {
+func TestSendGathered(t *testing.T) {
 	var bRecv *MR
 	a, b := newPair(t, pairOpts{}, func(a, b *side) {
 		bRecv, _ = b.reg(3*64, LocalWrite)
@@ -157,15 +161,15 @@ func TestSendStarted(t *testing.T) {
 		return SendWR{ID: id, Op: WRSend, Unsignaled: true, SGL: []SGE{{STag: msg.STag(), Len: 16}}}
 	}
 	var m SQMark
-	if a.qp.SendStarted(&m, 0) {
-		t.Fatal("a zero mark reports a WR started")
+	if a.qp.SendGathered(&m, 0) {
+		t.Fatal("a zero mark reports a WR gathered")
 	}
 	if _, err := a.qp.PostSendMarked(&m, send(1)); err != nil {
 		t.Fatal(err)
 	}
 	b.waitOK(b.rcq, WRRecv) // the stream is open; the first list was sent
-	if !a.qp.SendStarted(&m, 0) {
-		t.Fatal("a Send the peer received is not reported started")
+	if !a.qp.SendGathered(&m, 0) {
+		t.Fatal("a Send the peer received is not reported gathered")
 	}
 	c := a.stream()
 	c.txMu.Lock()
@@ -175,14 +179,60 @@ func TestSendStarted(t *testing.T) {
 	if _, err := a.qp.PostSendMarked(&m, send(2), send(3)); err != nil {
 		t.Fatal(err)
 	}
-	if a.qp.SendStarted(&m, 0) || a.qp.SendStarted(&m, 1) {
-		t.Fatal("WRs the held transmitter cannot have begun are reported started")
+	if a.qp.SendGathered(&m, 0) || a.qp.SendGathered(&m, 1) {
+		t.Fatal("WRs the held transmitter cannot have begun are reported gathered")
 	}
 	release()
 	b.waitOK(b.rcq, WRRecv)
 	b.waitOK(b.rcq, WRRecv)
-	if !a.qp.SendStarted(&m, 0) || !a.qp.SendStarted(&m, 1) {
-		t.Fatal("Sends the peer received are not reported started")
+	if !a.qp.SendGathered(&m, 0) || !a.qp.SendGathered(&m, 1) {
+		t.Fatal("Sends the peer received are not reported gathered")
+	}
+}
+
+// TestSendGatheredMidSend: a Send the transmitter has begun but not
+// gathered in full (it is stuck writing the first part, the peer reading
+// nothing) is not reported gathered, nor is the Send after it; once the
+// peer reads, both are. A consumer that took "begun" for "done with" would
+// rewrite a buffer the transmitter still reads.
+func TestSendGatheredMidSend(t *testing.T) {
+	const size = 64 << 20 // far more than two loopback socket buffers hold
+	tt := newTermTarget(t, QPConfig{InboundRead: true, InboundWrite: true, InboundAtomic: true}, 0, 64)
+	p := tt.dial(t, rawpeer.Options{CRC: true})
+	// The Responder sends nothing before the Initiator's first FPDU.
+	sendULPDU(t, p, tagged(p, rdmap.OpWrite, 0xDEADBEEF, 0, 0))
+	big, _ := tt.reg(size, LocalRead)
+	small, _ := tt.reg(16, LocalRead)
+	var m SQMark
+	if _, err := tt.qp.PostSendMarked(&m,
+		SendWR{ID: 1, Op: WRSend, SGL: []SGE{{STag: big.STag(), Len: size}}},
+		SendWR{ID: 2, Op: WRSend, SGL: []SGE{{STag: small.STag(), Len: 16}}}); err != nil {
+		t.Fatal(err)
+	}
+	q := tt.qp.sq
+	begun := func() bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return q.next != q.head
+	}
+	for deadline := time.Now().Add(10 * time.Second); !begun(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the transmitter never began the Send")
+		}
+	}
+	// The peer reads nothing: the transmitter cannot get past the
+	// socket buffers, a few MiB into the Send.
+	if tt.qp.SendGathered(&m, 0) || tt.qp.SendGathered(&m, 1) {
+		t.Fatal("a Send the transmitter is still reading is reported gathered")
+	}
+	go io.Copy(io.Discard, p.Conn)
+	for deadline := time.Now().Add(30 * time.Second); !tt.qp.SendGathered(&m, 1); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the Sends were never reported gathered")
+		}
+	}
+	if !tt.qp.SendGathered(&m, 0) {
+		t.Fatal("the second Send is gathered, the first not")
 	}
 }
 

@@ -38,9 +38,11 @@ type sendQueue struct {
 	ring             []sqEntry
 	mask             uint32
 	head, next, tail uint32
-	// begun mirrors next for SendStarted, which reads it without q.mu
-	// (the handler checking an answer should not wait on the transmitter).
-	begun       atomic.Uint32
+	// gathered is how far the transmitter has gathered: every WQE before
+	// it has had its bytes copied into the stream (or needed none, or was
+	// flushed). SendGathered reads it without q.mu (the handler checking
+	// an answer should not wait on the transmitter).
+	gathered    atomic.Uint32
 	depth       int
 	maxSGE      int
 	maxWriteSGE int
@@ -75,9 +77,20 @@ func newSendQueue(depth, maxSGE, maxWriteSGE int) *sendQueue {
 func (q *sendQueue) at(i uint32) *sqEntry { return &q.ring[i&q.mask] }
 
 // begin marks the WQE at next started (q.mu held).
-func (q *sendQueue) begin() {
-	q.next++
-	q.begun.Store(q.next)
+func (q *sendQueue) begin() { q.next++ }
+
+// gatheredTo records that the transmitter has gathered the WQE at idx, and
+// so every one before it. It only moves the cursor forward: a flush of the
+// queue (flushLocked) may have moved it past idx while an inline poster
+// was still gathering.
+func (q *sendQueue) gatheredTo(idx uint32) {
+	to := idx + 1
+	for {
+		old := q.gathered.Load()
+		if int32(to-old) <= 0 || q.gathered.CompareAndSwap(old, to) {
+			return
+		}
+	}
 }
 
 // post appends WRs, already validated. It returns how many were queued:
@@ -154,7 +167,7 @@ func (q *sendQueue) flushLocked(qp *QP) {
 		}
 	}
 	q.next = q.tail
-	q.begun.Store(q.next)
+	q.gatheredTo(q.next - 1)
 	q.ord = q.ord[:0]
 	q.emitLocked(qp, nil)
 }

@@ -445,6 +445,7 @@ func (t *txState) sendWQE() bool {
 			q.begin()
 			q.mu.Unlock()
 			t.localError(idx, StatusZeroORD)
+			q.gatheredTo(idx)
 			return true
 		}
 		if len(q.ord) >= ord {
@@ -482,6 +483,10 @@ func (t *txState) sendWQE() bool {
 	default:
 		t.localError(idx, StatusInvalidWQE)
 	}
+	// Whatever became of it (sent, failed, a local operation), the WQE is
+	// gathered now; a Send or an RDMA Write said so earlier, before its
+	// last bytes could leave.
+	q.gatheredTo(idx)
 	return true
 }
 
@@ -573,6 +578,9 @@ func (t *txState) sendSend(idx uint32, wr *SendWR) {
 			return
 		}
 		t.w.End()
+		if last {
+			t.qp.sq.gatheredTo(idx) // before the flush that may send it
+		}
 		if t.w.Len() >= batchFlush && !t.inline {
 			t.flush()
 		}
@@ -594,6 +602,9 @@ func (t *txState) sendWrite(idx uint32, wr *SendWR) {
 			return
 		}
 		t.w.End()
+		if last {
+			t.qp.sq.gatheredTo(idx) // before the flush that may send it
+		}
 		if t.w.Len() >= batchFlush && !t.inline {
 			t.flush()
 		}

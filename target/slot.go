@@ -48,8 +48,8 @@ type slot struct {
 	// the answer's place in it (s.mu for ansLast). The slot is free before
 	// that post, so a next command could come before the answer left; an
 	// honest initiator only sends it once it has the answer, so it is
-	// refused unless the transmitter has begun the answer, having done
-	// with the slot's WRs (and begun reading its send area).
+	// refused unless the transmitter has gathered the answer, having done
+	// with the slot's WRs and its send area.
 	ans     rnic.SQMark
 	ansLast int
 
@@ -200,11 +200,13 @@ func (c *conn) onRecv(wc *rnic.WC) error {
 	return nil
 }
 
-// answerSent checks that the transmitter has begun the slot's last answer
-// before the slot takes command m (s.mu held): an initiator cannot have
-// an answer that has not left, so a command before it is a violation.
+// answerSent checks that the transmitter has gathered the slot's last
+// answer before the slot takes command m (s.mu held): an initiator cannot
+// have an answer that has not left, so a command before it is a
+// violation, and the answer's bytes, which the command would rewrite,
+// are read no more.
 func (c *conn) answerSent(s *slot, m blockproto.Command) error {
-	if s.ans.Marked() && !c.QP.SendStarted(&s.ans, s.ansLast) {
+	if s.ans.Marked() && !c.QP.SendGathered(&s.ans, s.ansLast) {
 		return fmt.Errorf("%s on slot %d before the slot's last answer was sent", m.Op(), s.idx)
 	}
 	return nil

@@ -76,9 +76,6 @@ func newSendQueue(depth, maxSGE, maxWriteSGE int) *sendQueue {
 
 func (q *sendQueue) at(i uint32) *sqEntry { return &q.ring[i&q.mask] }
 
-// begin marks the WQE at next started (q.mu held).
-func (q *sendQueue) begin() { q.next++ }
-
 // gatheredTo records that the transmitter has gathered the WQE at idx, and
 // so every one before it. It only moves the cursor forward: a flush of the
 // queue (flushLocked) may have moved it past idx while an inline poster

@@ -11,6 +11,18 @@ import (
 	"github.com/rnic-dev/rnic/rnic/term"
 )
 
+// waitInsideSegment waits until tt's receive waits for the rest of a
+// segment's payload.
+func waitInsideSegment(t *testing.T, tt *termTarget) {
+	t.Helper()
+	c := tt.stream()
+	for deadline := time.Now().Add(10 * time.Second); c.placeWaits.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the receive never waited inside the segment")
+		}
+	}
+}
+
 // TestStalledPeerHoldsNoRegion: a peer that sends part of a segment's
 // payload and stalls does not keep the region the segment is placed in
 // locked. The consumer's Invalidate of the region returns while the peer
@@ -55,12 +67,7 @@ func TestStalledPeerHoldsNoRegion(t *testing.T) {
 			if err := p.SendRaw(frame[:hdr+first]); err != nil {
 				t.Fatal(err)
 			}
-			c := tt.stream()
-			for deadline := time.Now().Add(10 * time.Second); c.placeWaits.Load() == 0; time.Sleep(time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatal("the receive never waited inside the segment")
-				}
-			}
+			waitInsideSegment(t, tt)
 			done := make(chan error, 1)
 			go func() { done <- mr.Invalidate() }()
 			select {
@@ -112,12 +119,7 @@ func TestResetInsideSegment(t *testing.T) {
 	if err := p.SendRaw(frame[:hdr+first]); err != nil {
 		t.Fatal(err)
 	}
-	c := tt.stream()
-	for deadline := time.Now().Add(10 * time.Second); c.placeWaits.Load() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the receive never waited inside the segment")
-		}
-	}
+	waitInsideSegment(t, tt)
 	p.Conn.(*net.TCPConn).SetLinger(0)
 	p.Conn.Close()
 	tt.waitState(StateError)

@@ -442,7 +442,7 @@ func (t *txState) sendWQE() bool {
 		ord := qp.currentORD()
 		if ord == 0 {
 			e.state = sqStarted
-			q.begin()
+			q.next++
 			q.mu.Unlock()
 			t.localError(idx, StatusZeroORD)
 			q.gatheredTo(idx)
@@ -459,7 +459,7 @@ func (t *txState) sendWQE() bool {
 		return false // big: leave it to the transmit goroutine
 	}
 	e.state = sqStarted
-	q.begin()
+	q.next++
 	q.mu.Unlock()
 	// The slot stays ours until its completion is emitted: head <= idx.
 	switch wr.Op {

@@ -18,10 +18,8 @@ type Reader struct {
 	n     int
 	errno syscall.Errno
 	fn    func(fd uintptr) bool // made once: a closure per read would allocate
-	// nowait: a read that finds nothing returns EAGAIN (TryRead).
+	// nowait: a read that finds nothing returns EAGAIN (TryReadVec).
 	nowait bool
-	// waitFn is WaitReadable's callback (made once).
-	waitFn func(fd uintptr) bool
 }
 
 // errAgain is what a read without waiting returns when nothing is there.
@@ -64,22 +62,12 @@ func NewReader(nc net.Conn) *Reader {
 			return true
 		}
 	}
-	r.waitFn = func(fd uintptr) bool { return Ready(fd) } // false: wait until readable
 	return r
 }
 
 // Read reads what is there, at least one byte, or returns io.EOF at the
 // end of the stream.
 func (r *Reader) Read(p []byte) (int, error) { return r.ReadVec(p, nil) }
-
-// TryRead is Read without waiting: when nothing is there it returns an
-// error that is syscall.EAGAIN (errors.Is).
-func (r *Reader) TryRead(p []byte) (int, error) {
-	r.nowait = true
-	n, err := r.ReadVec(p, nil)
-	r.nowait = false
-	return n, err
-}
 
 // TryReadVec is ReadVec without waiting: when nothing is there it returns
 // an error that is syscall.EAGAIN (errors.Is).
@@ -98,7 +86,7 @@ func (r *Reader) TryReadVec(a, b []byte) (int, error) {
 // The readiness the network poller saw before the call is dropped as the
 // wait begins, so WaitReadable looks at the socket first (Ready), and
 // waits only if nothing is there.
-func (r *Reader) WaitReadable() error { return r.raw.Read(r.waitFn) }
+func (r *Reader) WaitReadable() error { return r.raw.Read(Ready) }
 
 // ReadVec reads into a, then b, in one system call: what is there, at
 // least one byte, or io.EOF at the end of the stream.

@@ -190,18 +190,18 @@ func TestReaderNoAllocs(t *testing.T) {
 	}
 }
 
-// TestTryRead: TryRead returns EAGAIN at once on an empty socket, what is
-// there otherwise, and leaves the Reader waiting as before.
+// TestTryRead: TryReadVec returns EAGAIN at once on an empty socket, what
+// is there otherwise, and leaves the Reader waiting as before.
 func TestTryRead(t *testing.T) {
 	a, b := pair(t)
 	r := NewReader(b)
 	buf := make([]byte, 64)
 	start := time.Now()
-	if n, err := r.TryRead(buf); n != 0 || !errors.Is(err, syscall.EAGAIN) {
-		t.Fatalf("TryRead of an empty socket: %d, %v; want EAGAIN", n, err)
+	if n, err := r.TryReadVec(buf, nil); n != 0 || !errors.Is(err, syscall.EAGAIN) {
+		t.Fatalf("TryReadVec of an empty socket: %d, %v; want EAGAIN", n, err)
 	}
 	if d := time.Since(start); d > 5*time.Second {
-		t.Fatalf("TryRead waited %v", d)
+		t.Fatalf("TryReadVec waited %v", d)
 	}
 	if _, err := a.Write([]byte("hello")); err != nil {
 		t.Fatal(err)
@@ -209,13 +209,13 @@ func TestTryRead(t *testing.T) {
 	var n int
 	var err error
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		if n, err = r.TryRead(buf); !errors.Is(err, syscall.EAGAIN) {
+		if n, err = r.TryReadVec(buf, nil); !errors.Is(err, syscall.EAGAIN) {
 			break
 		}
 		time.Sleep(time.Millisecond)
 	}
 	if err != nil || string(buf[:n]) != "hello" {
-		t.Fatalf("TryRead with data there: %q, %v", buf[:n], err)
+		t.Fatalf("TryReadVec with data there: %q, %v", buf[:n], err)
 	}
 	done := make(chan error, 1)
 	go func() {
@@ -224,7 +224,7 @@ func TestTryRead(t *testing.T) {
 	}()
 	select {
 	case err := <-done:
-		t.Fatalf("Read after TryRead returned without data: %v", err)
+		t.Fatalf("Read after TryReadVec returned without data: %v", err)
 	case <-time.After(20 * time.Millisecond):
 	}
 	a.Write([]byte("x"))
@@ -233,13 +233,13 @@ func TestTryRead(t *testing.T) {
 	}
 	a.Close()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		if _, err = r.TryRead(buf); !errors.Is(err, syscall.EAGAIN) {
+		if _, err = r.TryReadVec(buf, nil); !errors.Is(err, syscall.EAGAIN) {
 			break
 		}
 		time.Sleep(time.Millisecond)
 	}
 	if err != io.EOF {
-		t.Fatalf("TryRead at the end of the stream: %v, want EOF", err)
+		t.Fatalf("TryReadVec at the end of the stream: %v, want EOF", err)
 	}
 }
 

@@ -395,17 +395,8 @@ func (r *Reader) Idle() bool { return !r.inFPDU && !r.inHeader && r.hi == r.lo }
 // ReadFull reads the next len(p) ULPDU bytes into p, checksumming them as
 // it copies. Asking for more than Remaining is an error.
 func (r *Reader) ReadFull(p []byte) error {
-	if r.err != nil {
-		return r.err
-	}
-	if !r.inFPDU || len(p) > r.remain {
-		return fmt.Errorf("%w: %d bytes asked, %d left", errBeyond, len(p), r.remain)
-	}
-	if _, err := r.consume(p, len(p), true); err != nil {
-		return r.fail(midFPDU(err))
-	}
-	r.remain -= len(p)
-	return nil
+	_, err := r.read(p, false)
+	return err
 }
 
 // ReadSome is ReadFull that does not wait for the stream: it reads the
@@ -415,21 +406,24 @@ func (r *Reader) ReadFull(p []byte) error {
 // lets a caller that reads into memory it holds a lock on read only what
 // has arrived, and wait for the rest without the lock. A source that is
 // no NoWaitReader is read as by ReadFull, waiting.
-func (r *Reader) ReadSome(p []byte) (n int, err error) {
+func (r *Reader) ReadSome(p []byte) (n int, err error) { return r.read(p, r.nw != nil) }
+
+// read is ReadFull, and with nowait ReadSome through r.nw.
+func (r *Reader) read(p []byte, nowait bool) (int, error) {
 	if r.err != nil {
 		return 0, r.err
 	}
 	if !r.inFPDU || len(p) > r.remain {
 		return 0, fmt.Errorf("%w: %d bytes asked, %d left", errBeyond, len(p), r.remain)
 	}
-	r.nowait = r.nw != nil
-	n, err = r.consume(p, len(p), true)
+	r.nowait = nowait
+	n, err := r.consume(p, len(p), true)
 	r.nowait = false
 	r.remain -= n
 	switch {
 	case err == nil:
 		return n, nil
-	case err == ErrWouldBlock:
+	case err == ErrWouldBlock && nowait:
 		return n, err
 	}
 	return n, r.fail(midFPDU(err))

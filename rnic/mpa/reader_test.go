@@ -649,22 +649,29 @@ func TestReaderWouldBlock(t *testing.T) {
 			t.Fatalf("end of stream: %v", err)
 		}
 	})
-	t.Run("inside an FPDU", func(t *testing.T) {
-		// Three bytes per read: the second read is inside the first
-		// FPDU's ULPDU.
-		src := &blockingSource{b: stream, step: 3, at: map[int]bool{2: true}}
-		r := NewReader(src, ReaderConfig{CRC: true, BufSize: 64})
-		n, err := r.Next()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := r.ReadFull(make([]byte, n)); !errors.Is(err, ErrWouldBlock) || err == ErrWouldBlock {
-			t.Fatalf("ErrWouldBlock inside an FPDU: %v, want a read error wrapping it", err)
-		}
-		if _, err := r.Next(); err == nil {
-			t.Fatal("the error did not stick")
-		}
-	})
+	// ReadSome too: the source is no NoWaitReader, so ReadSome reads as
+	// ReadFull does, and its ErrWouldBlock inside an FPDU is a read error.
+	for name, read := range map[string]func(r *Reader, p []byte) error{
+		"ReadFull": (*Reader).ReadFull,
+		"ReadSome": func(r *Reader, p []byte) error { _, err := r.ReadSome(p); return err },
+	} {
+		t.Run("inside an FPDU, "+name, func(t *testing.T) {
+			// Three bytes per read: the second read is inside the first
+			// FPDU's ULPDU.
+			src := &blockingSource{b: stream, step: 3, at: map[int]bool{2: true}}
+			r := NewReader(src, ReaderConfig{CRC: true, BufSize: 64})
+			n, err := r.Next()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := read(r, make([]byte, n)); !errors.Is(err, ErrWouldBlock) || err == ErrWouldBlock {
+				t.Fatalf("ErrWouldBlock inside an FPDU: %v, want a read error wrapping it", err)
+			}
+			if _, err := r.Next(); err == nil {
+				t.Fatal("the error did not stick")
+			}
+		})
+	}
 }
 
 // idleBlockingSource serves a stream step bytes at a time and, as the

@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/rnic-dev/rnic/internal/benchkit"
+	"github.com/rnic-dev/rnic/internal/childproc"
 )
 
 type options struct {
@@ -328,6 +329,7 @@ func startProc(work, name string, args ...string) (*proc, error) {
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	childproc.DieWithParent(cmd, syscall.SIGTERM)
 	if err := cmd.Start(); err != nil {
 		lf.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)

@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rnic-dev/rnic/internal/childproc"
 )
 
 var (
@@ -105,6 +107,7 @@ func start(t *testing.T, bin string, args ...string) *proc {
 	p := &proc{t: t, done: make(chan error, 1)}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p, p
+	childproc.DieWithParent(p.cmd, syscall.SIGTERM)
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

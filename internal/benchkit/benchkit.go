@@ -16,7 +16,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
+
+	"github.com/rnic-dev/rnic/internal/childproc"
 )
 
 // Rate is what a fio job did: IOPS and MB/s, reads and writes together.
@@ -93,6 +96,7 @@ func StartProc(c *exec.Cmd, logFile string) error {
 		return err
 	}
 	c.Stdout, c.Stderr = f, f
+	childproc.DieWithParent(c, syscall.SIGTERM)
 	return c.Start()
 }
 

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rnic-dev/rnic/internal/childproc"
 	"github.com/rnic-dev/rnic/internal/linuxvm"
 	"github.com/rnic-dev/rnic/internal/perftest"
 	"github.com/rnic-dev/rnic/internal/rping"
@@ -288,6 +289,7 @@ func startCapture(t *testing.T, ports []int) *capture {
 	c.cmd = exec.Command("tshark", "-i", "lo", "-B", "64", "-f", strings.Join(filter, " or "), "-w", c.path)
 	pr, pw := io.Pipe()
 	c.cmd.Stderr = io.MultiWriter(&c.errb, pw)
+	childproc.DieWithParent(c.cmd, syscall.SIGTERM)
 	if err := c.cmd.Start(); err != nil {
 		t.Fatalf("tshark: %v", err)
 	}

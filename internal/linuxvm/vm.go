@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/rnic-dev/rnic/internal/childproc"
 )
 
 // Variant selects which siw build the guest loads.
@@ -158,6 +160,7 @@ func Boot(ctx context.Context, cfg Config) (*VM, error) {
 	// run-vm.sh execs timeout(1), which puts itself and QEMU in a new process
 	// group led by cmd's pid: cancel kills that whole group.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	childproc.DieWithParent(cmd, syscall.SIGTERM)
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
 	cmd.Stderr = &limitedWriter{b: &vm.stderr, max: 64 << 10}

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package childproc
+
+import "syscall"
+
+func setParentDeathSignal(*syscall.SysProcAttr, syscall.Signal) {}

@@ -88,14 +88,22 @@ func (q *queue) fabrics(sl *slot, c Command) {
 // to a new controller (admin queue) or to the host's controller (I/O
 // queue).
 func (q *queue) connect(sl *slot, c Command) {
-	refuse := func(err error) {
+	refused := func(err error) {
 		q.s.m.ConnectFailures.Add(1)
 		q.log.Info("Connect refused", "err", err)
 		q.complete(sl, 0, err)
 	}
-	if q.ctrl.Load() != nil {
-		refuse(fail(StatusCmdSeqError, "a second Connect on the queue"))
+	// One Connect at a time: an admin queue's runs off the poller while
+	// the volume opens, and a second one meanwhile would make a second
+	// controller on the same queue that nothing ever ends.
+	if q.ctrl.Load() != nil || !q.connecting.CompareAndSwap(false, true) {
+		refused(fail(StatusCmdSeqError, "a second Connect on the queue"))
 		return
+	}
+	// A refused Connect lets the host try again on the queue.
+	refuse := func(err error) {
+		q.connecting.Store(false)
+		refused(err)
 	}
 	if err := q.parseData(sl, ConnectDataLen); err != nil {
 		refuse(err)

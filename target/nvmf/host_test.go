@@ -318,13 +318,74 @@ var errLost = errors.New("host queue lost")
 // do runs one command and returns its completion and, for data to the
 // host, the data.
 func (h *hostQueue) do(f CommandFields, o cmdOpts) (hostResult, []byte, error) {
+	return h.doAll([]CommandFields{f}, []cmdOpts{o})[0].get()
+}
+
+// cmdOutcome is what came back for one command of doAll.
+type cmdOutcome struct {
+	r    hostResult
+	data []byte
+	err  error
+}
+
+func (c cmdOutcome) get() (hostResult, []byte, error) { return c.r, c.data, c.err }
+
+// doAll sends the capsules of several commands in one PostSend (so they
+// reach the target back to back, before anything it answers to the first)
+// and returns each one's outcome.
+func (h *hostQueue) doAll(fs []CommandFields, os []cmdOpts) []cmdOutcome {
+	out := make([]cmdOutcome, len(fs))
+	ps := make([]*pendingCmd, len(fs))
+	var wrs []rnic.SendWR
+	for i := range fs {
+		p, err := h.prepare(fs[i], os[i])
+		if err != nil {
+			out[i].err = err
+			continue
+		}
+		ps[i] = p
+		wrs = append(wrs, p.wrs...)
+	}
+	if len(wrs) > 0 {
+		if _, err := h.qp.PostSend(wrs...); err != nil {
+			for i, p := range ps {
+				if p != nil {
+					h.forget(p)
+					out[i].err = err
+				}
+			}
+			return out
+		}
+	}
+	for i, p := range ps {
+		if p != nil {
+			out[i].r, out[i].data, out[i].err = h.await(p)
+		}
+	}
+	return out
+}
+
+// pendingCmd is a command prepared (capsule, data registration, waiter)
+// and not yet answered.
+type pendingCmd struct {
+	f    CommandFields
+	o    cmdOpts
+	cid  uint16
+	n    int
+	area []byte
+	wrs  []rnic.SendWR
+	w    chan hostResult
+}
+
+// prepare takes a cid, builds the command's capsule and the work requests
+// that send it, and registers its waiter.
+func (h *hostQueue) prepare(f CommandFields, o cmdOpts) (*pendingCmd, error) {
 	var cid uint16
 	select {
 	case cid = <-h.free:
 	case <-h.lost:
-		return hostResult{}, nil, fmt.Errorf("%w: %v", errLost, h.lostErr)
+		return nil, fmt.Errorf("%w: %v", errLost, h.lostErr)
 	}
-	defer func() { h.free <- cid }()
 	f.CID = cid
 	f.Flags |= PSDTSGL << 6
 	n := len(o.data)
@@ -380,15 +441,27 @@ func (h *hostQueue) do(f CommandFields, o cmdOpts) (hostResult, []byte, error) {
 	h.mu.Unlock()
 	wrs = append(wrs, rnic.SendWR{Op: rnic.WRSend, Unsignaled: true, SGL: []rnic.SGE{{STag: h.txMR.STag(),
 		TO: uint64(int(cid) * capLen), Len: uint32(clen)}}})
-	if _, err := h.qp.PostSend(wrs...); err != nil {
-		return hostResult{}, nil, err
-	}
+	return &pendingCmd{f: f, o: o, cid: cid, n: n, area: area, wrs: wrs, w: w}, nil
+}
+
+// forget drops a prepared command that was not sent.
+func (h *hostQueue) forget(p *pendingCmd) {
+	h.mu.Lock()
+	delete(h.waiters, p.cid)
+	h.mu.Unlock()
+	h.free <- p.cid
+}
+
+// await waits for a sent command's completion and checks its invalidation.
+func (h *hostQueue) await(p *pendingCmd) (hostResult, []byte, error) {
+	f, o, cid, n := p.f, p.o, p.cid, p.n
+	defer func() { h.free <- cid }()
 	to := o.timeout
 	if to == 0 {
 		to = 10 * time.Second
 	}
 	select {
-	case r := <-w:
+	case r := <-p.w:
 		if r.invalidated {
 			if want := h.cur[cid]; r.inv != want || f.DPTR.Subtype != SGLSubInvalidate || n == 0 || o.inCapsule {
 				return r, nil, fmt.Errorf("completion invalidated %s; the command's keyed SGL: subtype 0x%x, STag %s, %d bytes",
@@ -401,7 +474,7 @@ func (h *hostQueue) do(f CommandFields, o cmdOpts) (hostResult, []byte, error) {
 		}
 		var out []byte
 		if o.dir == dirToHost {
-			out = append([]byte(nil), area[:n]...)
+			out = append([]byte(nil), p.area[:n]...)
 		}
 		return r, out, nil
 	case <-h.lost:

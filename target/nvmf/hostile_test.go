@@ -335,3 +335,45 @@ func TestHostileConnect(t *testing.T) {
 		}
 	})
 }
+
+// TestHostileConnectTwice: a host that sends two Connect commands back to
+// back on one admin queue (the second arriving while the first still reads
+// its data and opens the volume) gets one controller: the second Connect
+// is refused with Command Sequence Error, no second controller holds the
+// volume, and when the queue goes no controller is left behind.
+func TestHostileConnectTwice(t *testing.T) {
+	e := newTestEnv(t, envOpts{})
+	q, err := dialQueue(t, e.addr, 0, AdminQueueSize, dialOpts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, ConnectDataLen)
+	ConnectData(data).Encode(&ConnectDataFields{HostID: newHostID(), CntlID: DynamicCntlID, SubNQN: e.srv.NQN("vol0"),
+		HostNQN: "nqn.2014-08.org.nvmexpress:uuid:0f0e0d0c-0b0a-0908-0706-050403020100"})
+	f := CommandFields{Opcode: OpcodeFabrics, NSID: FabricsConnect}
+	f.CDW10_15[1] = AdminQueueSize - 1
+	o := cmdOpts{dir: dirFromHost, data: data}
+	out := q.doAll([]CommandFields{f, f}, []cmdOpts{o, o})
+	var ok, seq int
+	for i, c := range out {
+		if c.err != nil {
+			t.Fatalf("Connect %d: %v", i, c.err)
+		}
+		switch c.r.status() {
+		case StatusSuccess:
+			ok++
+		case StatusCmdSeqError | StatusDNR:
+			seq++
+		default:
+			t.Fatalf("Connect %d: %v", i, c.r.status())
+		}
+	}
+	e.srv.mu.Lock()
+	n := len(e.srv.ctrls)
+	e.srv.mu.Unlock()
+	if ok != 1 || seq != 1 || n != 1 {
+		t.Fatalf("%d Connects succeeded, %d refused for sequence; %d controllers: want 1, 1 and 1", ok, seq, n)
+	}
+	q.close()
+	waitFor(t, 5*time.Second, "the controller to go", func() bool { return e.srv.m.Controllers.Load() == 0 })
+}

@@ -44,6 +44,9 @@ type queue struct {
 	sqhd  atomic.Uint32
 
 	ctrl atomic.Pointer[controller]
+	// connecting is set while a Connect command is being processed and
+	// stays set once it succeeded.
+	connecting atomic.Bool
 
 	ctx      context.Context // the endpoint's: ends at teardown
 	wg       sync.WaitGroup  // command goroutines

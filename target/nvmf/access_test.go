@@ -57,3 +57,33 @@ func nonLoopback() net.IP {
 	}
 	return nil
 }
+
+// TestAccessIOQueue: an I/O queue is held to the volume's access rule as
+// the admin queue is: on a volume without an allow-list, a queue from a
+// non-loopback address may not join a controller a loopback host made,
+// even with its controller ID and NQNs.
+func TestAccessIOQueue(t *testing.T) {
+	ip := nonLoopback()
+	if ip == nil {
+		t.Skip("no non-loopback IPv4 address here")
+	}
+	e := newTestEnv(t, envOpts{volumes: map[string]int64{"open": 8 << 20}})
+	l, err := e.dev.Listen(net.JoinHostPort(ip.String(), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go e.srv.Serve(t.Context(), l)
+	h := connectHost(t, e.addr, e.srv.NQN("open"), hostOpts{ioQueues: -1})
+	q, err := dialQueue(t, l.Addr().String(), 1, 32, dialOpts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := q.connectCmd(h.nqn, h.hostNQN, h.hostID, h.cntlid, 31, 0, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.status() != StatusConnectInvalidHost|StatusDNR {
+		t.Fatalf("I/O queue from %s: %v, want %v", ip, r.status(), StatusConnectInvalidHost|StatusDNR)
+	}
+}

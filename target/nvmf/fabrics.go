@@ -237,6 +237,14 @@ func (q *queue) connectIO(d ConnectData) error {
 	if c.disc {
 		return invalidParam(ipoQID, "a discovery controller has no I/O queues")
 	}
+	// Every queue is held to the volume's access rule, not only the
+	// admin queue: without an allow-list that rule is the queue's own
+	// peer address, which a controller ID and NQNs do not vouch for.
+	if vol, _ := q.s.volumeOf(sub); !q.s.allowed(vol, host, q.remote) {
+		e := fail(StatusConnectInvalidHost, "host %s from %s may not use %s", host, q.remote, sub)
+		e.Result = ipoConnectData | ConnectDataHostNQNOff
+		return e
+	}
 	if !c.ready() {
 		return fail(StatusCmdSeqError, "I/O queue Connect before the controller is enabled")
 	}

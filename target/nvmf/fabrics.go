@@ -123,6 +123,10 @@ func (q *queue) connect(sl *slot, c Command) {
 		refuse(invalidParam(ipoSQSize, "SQ size %d (0-based) on a queue of %d entries", c.ConnectSQSize(), q.size))
 		return
 	}
+	// The submission queue is SQSIZE+1 entries from now on: the SQ head
+	// pointer wraps there.
+	q.sqEntries = uint32(c.ConnectSQSize()) + 1
+	q.sqhd.Store(q.sqhd.Load() % q.sqEntries)
 	kato := time.Duration(c.ConnectKATO()) * time.Millisecond
 	n := ConnectDataLen
 	if sl.data.InCapsule {

@@ -377,3 +377,33 @@ func TestHostileConnectTwice(t *testing.T) {
 	q.close()
 	waitFor(t, 5*time.Second, "the controller to go", func() bool { return e.srv.m.Controllers.Load() == 0 })
 }
+
+// TestSQHeadWrapsAtConnectSize: the submission queue is the SQSIZE+1
+// entries of the Connect command, so the SQ head pointer in completions
+// (the number of commands taken, modulo that size) stays below it, even
+// when the CM request's HSQSIZE offered a deeper queue.
+func TestSQHeadWrapsAtConnectSize(t *testing.T) {
+	e := newTestEnv(t, envOpts{})
+	q, err := dialQueue(t, e.addr, 0, AdminQueueSize, dialOpts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sqsize = 7 // 0-based: 8 entries
+	r, err := q.connectCmd(e.srv.NQN("vol0"), "nqn.2014-08.org.nvmexpress:uuid:0f0e0d0c-0b0a-0908-0706-050403020100",
+		newHostID(), DynamicCntlID, sqsize, 0, nil, nil)
+	if err != nil || r.status() != StatusSuccess {
+		t.Fatalf("Connect: %v %v", r.status(), err)
+	}
+	if got := r.completion().SQHead(); got != 1 {
+		t.Fatalf("Connect's completion: SQ head %d, want 1", got)
+	}
+	for i := 2; i <= 3*(sqsize+1); i++ {
+		r, _, err := q.do(CommandFields{Opcode: OpcodeFabrics, NSID: FabricsPropertyGet, CDW10_15: [6]uint32{0, propCSTS}}, cmdOpts{})
+		if err != nil || r.status() != StatusSuccess {
+			t.Fatalf("Property Get %d: %v %v", i, r.status(), err)
+		}
+		if got, want := r.completion().SQHead(), uint16(i%(sqsize+1)); got != want {
+			t.Fatalf("command %d: SQ head %d, want %d on a queue of %d entries", i, got, want, sqsize+1)
+		}
+	}
+}

@@ -41,7 +41,11 @@ type queue struct {
 
 	slots []slot
 	free  []int32 // free slot indexes (poller only)
-	sqhd  atomic.Uint32
+	// sqhd is the SQ head pointer completions report: the commands taken,
+	// modulo sqEntries, the submission queue's size (the CM request's
+	// until a Connect command gives its own; poller only).
+	sqhd      atomic.Uint32
+	sqEntries uint32
 
 	ctrl atomic.Pointer[controller]
 	// connecting is set while a Connect command is being processed and
@@ -72,6 +76,7 @@ const connectTimeout = 30 * time.Second
 func (s *Server) newQueue(r CMRequest, remote net.Addr) (*queue, error) {
 	q := &queue{s: s, qid: r.QID(), size: int(r.HSQSize()) + 1, remote: remote, rxLen: CommandLen,
 		dead: make(chan struct{}), ended: make(chan struct{})}
+	q.sqEntries = uint32(q.size)
 	if q.qid != 0 {
 		q.rxLen += s.cfg.InCapsule
 	}
@@ -185,7 +190,7 @@ func (q *queue) onCommand(i, n int, wc *rnic.WC) error {
 	sl.rx, sl.inCapsule = i, n-CommandLen
 	sl.began = time.Now()
 	sl.data, sl.invalidate, sl.kind = Data{}, false, -1
-	q.sqhd.Store((q.sqhd.Load() + 1) % uint32(q.size))
+	q.sqhd.Store((q.sqhd.Load() + 1) % q.sqEntries)
 	if c := q.ctrl.Load(); c != nil {
 		c.touch()
 	}

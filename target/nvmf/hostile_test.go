@@ -70,6 +70,9 @@ func TestHostileHost(t *testing.T) {
 		{"auth-send", CommandFields{Opcode: OpcodeFabrics, NSID: FabricsAuthSend}, cmdOpts{}, StatusInvalidOpcode | StatusDNR},
 		{"dsm-short-data", CommandFields{Opcode: IODSM, NSID: 1, CDW10_15: [6]uint32{3, 4}}, cmdOpts{dir: dirFromHost,
 			data: make([]byte, 32), inCapsule: true}, StatusSGLInvalidData | StatusDNR},
+		// NUMD 0xFFFFFFFF is 2^32 dwords (0-based), not 0 bytes.
+		{"resv-report-numd-wraps", CommandFields{Opcode: IOResvReport, NSID: 1, CDW10_15: [6]uint32{0xffffffff}}, cmdOpts{},
+			StatusInvalidField | StatusDNR},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r, _, err := h.io[0].do(c.f, c.o)

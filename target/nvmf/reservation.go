@@ -160,8 +160,9 @@ func (c *controller) resvRelease(cdw10 uint32, crkey uint64) error {
 // included) and this controller's registration, if any, as the one
 // registrant it knows (24-byte entries, or 64-byte ones with EDS).
 func (c *controller) reservationReport(q *queue, sl *slot, cmd Command) {
-	n := int(cmd.CDW(10)+1) * 4
-	if n > c.s.cfg.MaxTransfer {
+	// NUMD is 0-based: computed in 64 bits, 0xFFFFFFFF is 2^32 dwords.
+	n := (uint64(cmd.CDW(10)) + 1) * 4
+	if n > uint64(c.s.cfg.MaxTransfer) {
 		q.complete(sl, 0, fail(StatusInvalidField, "report of %d bytes", n))
 		return
 	}
@@ -195,5 +196,5 @@ func (c *controller) reservationReport(q *queue, sl *slot, cmd Command) {
 		}
 	}
 	full = full[:hdr+entry]
-	c.reply(q, sl, n, 0, func(b []byte) { clear(b[copy(b, full):]) })
+	c.reply(q, sl, int(n), 0, func(b []byte) { clear(b[copy(b, full):]) })
 }

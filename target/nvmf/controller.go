@@ -58,6 +58,7 @@ type controller struct {
 	kato       time.Duration
 	kaTimer    *time.Timer
 	kaSeen     uint64 // activity when the timer period began
+	kaArmed    uint64 // armings of the timer: a callback of an older one does nothing
 	resvKey    uint64
 	registered bool
 	resvGen    uint32

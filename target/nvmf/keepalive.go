@@ -28,15 +28,21 @@ func (c *controller) setKeepAliveLocked(kato time.Duration) {
 		return
 	}
 	c.kaSeen = c.activity.Load()
-	c.kaTimer = time.AfterFunc(kato+c.s.cfg.KATOGrace, c.checkKeepAlive)
+	c.kaArmed++
+	armed := c.kaArmed
+	c.kaTimer = time.AfterFunc(kato+c.s.cfg.KATOGrace, func() { c.checkKeepAlive(armed) })
 }
 
-// checkKeepAlive runs when the timer fires: it drops the controller if no
-// command came during the whole period, else starts another.
-func (c *controller) checkKeepAlive() {
+// checkKeepAlive runs when the timer of arming armed fires: it drops the
+// controller if no command came during the whole period, else starts
+// another. Stop does not hold back a callback that has already begun: one
+// that waited for c.mu while Set Features KATO re-armed the timer (and
+// set kaSeen to the activity that command made) is of an older arming,
+// and leaves the new period alone.
+func (c *controller) checkKeepAlive(armed uint64) {
 	c.mu.Lock()
 	limit := c.kato + c.s.cfg.KATOGrace
-	if c.ended || c.kato <= 0 {
+	if c.ended || c.kato <= 0 || armed != c.kaArmed {
 		c.mu.Unlock()
 		return
 	}

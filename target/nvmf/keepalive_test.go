@@ -47,3 +47,42 @@ func TestKeepAlive(t *testing.T) {
 		t.Fatalf("after a longer KATO: %v %v", st, err)
 	}
 }
+
+// TestKeepAliveStaleTimer: the callback of a timer that fired just as Set
+// Features KATO re-armed it (it was waiting for the controller's lock)
+// leaves the controller alone. It used to find no command since the
+// re-arming, which had just reset the period's activity, and drop the
+// controller at once. The late callback is called here directly, after
+// the re-arming, as it would run.
+func TestKeepAliveStaleTimer(t *testing.T) {
+	e := newTestEnv(t, envOpts{})
+	h := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{kato: 60000})
+	c := e.srv.controller(h.cntlid)
+	if c == nil {
+		t.Fatalf("no controller %d", h.cntlid)
+	}
+	c.mu.Lock()
+	stale := c.kaArmed
+	c.setKeepAliveLocked(time.Hour) // Set Features KATO, as its command does
+	c.mu.Unlock()
+	c.checkKeepAlive(stale)
+	if n := e.srv.m.KeepAliveExpired.Load(); n != 0 {
+		t.Fatalf("%d controllers expired by a stale timer", n)
+	}
+	if r, _, err := h.admin.do(CommandFields{Opcode: AdminKeepAlive}, cmdOpts{}); err != nil || r.status() != StatusSuccess {
+		t.Fatalf("keep alive after the stale timer: %v %v", r.status(), err)
+	}
+	// The current arming's callback still does its work: with no command
+	// since it was armed, it drops the controller.
+	c.mu.Lock()
+	c.setKeepAliveLocked(time.Hour)
+	current := c.kaArmed
+	c.mu.Unlock()
+	c.checkKeepAlive(current)
+	if err := h.admin.waitLost(10 * time.Second); err != nil {
+		t.Fatalf("current timer: %v", err)
+	}
+	if n := e.srv.m.KeepAliveExpired.Load(); n != 1 {
+		t.Fatalf("%d controllers expired, want 1", n)
+	}
+}

@@ -188,6 +188,10 @@ func (c *conn) doWriteReq(s *slot, m blockproto.Command) {
 	if err != nil {
 		return
 	}
+	// The WRITE stores these bytes whether or not the initiator wrote
+	// them all, and a pooled buffer holds what its last user left there
+	// (another session's READ of another volume, say).
+	clear(buf[head : head+uint64(n)])
 	s.reqOff, s.reqLen = off, n
 	c.t.m.TwoStepWrites.Add(1)
 	c.ready(s, buf, int(head), int(n), rnic.LocalWrite|rnic.RemoteWrite, slotAwaitWrite)

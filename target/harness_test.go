@@ -148,9 +148,12 @@ type peer struct {
 
 const peerSink = 1 << 20
 
-// dial connects a peer and logs it in with credits, asking for inline
-// reads of up to inline bytes (0: none).
-func (r *rig) dial(credits, inline int) *peer {
+// dial connects a peer and logs it in to vol0 with credits, asking for
+// inline reads of up to inline bytes (0: none).
+func (r *rig) dial(credits, inline int) *peer { return r.dialVolume(credits, inline, "vol0") }
+
+// dialVolume is dial to volume vol.
+func (r *rig) dialVolume(credits, inline int, vol string) *peer {
 	t := r.t
 	t.Helper()
 	ep, err := endpoint.New(endpoint.Config{Device: r.cdev,
@@ -175,7 +178,7 @@ func (r *rig) dial(credits, inline int) *peer {
 		t.Fatal(err)
 	}
 	lm, err := blockproto.EncodeLogin(ep.Area(0), &blockproto.LoginFields{Credits: uint16(credits), Inline: uint32(inline),
-		Nonce: nonce, Initiator: "peer", Volume: "vol0"})
+		Nonce: nonce, Initiator: "peer", Volume: vol})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -152,8 +152,9 @@ const peerSink = 1 << 20
 // inline reads of up to inline bytes (0: none).
 func (r *rig) dial(credits, inline int) *peer { return r.dialVolume(credits, inline, "vol0") }
 
-// dialVolume is dial to volume vol.
-func (r *rig) dialVolume(credits, inline int, vol string) *peer {
+// dialProof connects a peer and logs it in to volume vol up to its
+// PROOF, which it returns with the LOGIN and the CHALLENGE.
+func (r *rig) dialProof(credits, inline int, vol string) (p *peer, login, challenge, proof []byte) {
 	t := r.t
 	t.Helper()
 	ep, err := endpoint.New(endpoint.Config{Device: r.cdev,
@@ -163,7 +164,7 @@ func (r *rig) dialVolume(credits, inline int, vol string) *peer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &peer{t: t, ep: ep, sink: make([]byte, peerSink)}
+	p = &peer{t: t, ep: ep, sink: make([]byte, peerSink)}
 	t.Cleanup(func() { ep.Close(nil) })
 	if p.mr, err = ep.Register(p.sink, rnic.LocalRead|rnic.LocalWrite|rnic.RemoteWrite); err != nil {
 		t.Fatal(err)
@@ -182,15 +183,23 @@ func (r *rig) dialVolume(credits, inline int, vol string) *peer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	login := bytes.Clone(lm)
+	login = bytes.Clone(lm)
 	p.send(login)
-	challenge := blockproto.Challenge(bytes.Clone(p.recv()))
+	challenge = bytes.Clone(p.recv())
 	mac, err := blockproto.InitiatorProof(testSecret, login, challenge)
 	if err != nil {
 		t.Fatal(err)
 	}
-	proof := bytes.Clone(blockproto.EncodeProof(ep.Area(1), mac[:]))
+	proof = bytes.Clone(blockproto.EncodeProof(ep.Area(1), mac[:]))
 	p.send(proof)
+	return p, login, challenge, proof
+}
+
+// dialVolume is dial to volume vol.
+func (r *rig) dialVolume(credits, inline int, vol string) *peer {
+	t := r.t
+	t.Helper()
+	p, login, challenge, proof := r.dialProof(credits, inline, vol)
 	w, err := blockproto.ParseWelcome(p.recv())
 	if err != nil {
 		t.Fatalf("expected WELCOME: %v", err)

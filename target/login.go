@@ -138,7 +138,6 @@ func (t *Target) accept(ctx context.Context, req *rnic.ConnRequest, c *conn) err
 		sess.end("login failed after authentication")
 		return err
 	}
-	t.m.QPsActive.Add(1)
 	t.log.Info("QP logged in", "initiator", name, "volume", volName, "session", sess.id, "slot", sess.slot,
 		"qp", c.QP.ID(), "credits", c.credits, "grants", c.grants.count(), "inline", c.inline, "join", login.Join())
 	return nil

@@ -47,7 +47,9 @@ func (t *Target) addSession(s *session) bool {
 	return true
 }
 
-// addQP adds a logged-in QP; false if the session ended or is full.
+// addQP adds a logged-in QP; false if the session ended or is full. The
+// QP counts in QPsActive from here until end, which subtracts every QP
+// the session holds, whether or not its login went on to the WELCOME.
 func (s *session) addQP(c *conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -57,6 +59,7 @@ func (s *session) addQP(c *conn) bool {
 	s.qps = append(s.qps, c)
 	c.sess = s
 	c.inSession.Store(true)
+	s.t.m.QPsActive.Add(1)
 	return true
 }
 

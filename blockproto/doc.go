@@ -202,9 +202,10 @@
 //	                     for READY; a failure is a RESPONSE with the error.
 //	WRITE (0x11, FUA)    offset, length, STag, token; sent as a Send with
 //	                     Invalidate naming STag after RDMA-Writing the data
-//	                     into it: into a write grant at TO = grant TO +
-//	                     (offset mod 4096), length <= grant size; or into a
-//	                     WRITE_REQ's buffer at the READY's TO. The stream's
+//	                     into it: into a write grant from the grant's TO
+//	                     (whatever the offset's alignment), length <= grant
+//	                     size; or into a WRITE_REQ's buffer at the READY's
+//	                     TO. The stream's
 //	                     ordering places the data and revokes the STag
 //	                     before the target sees the command. A WRITE that
 //	                     arrives without invalidating exactly its STag is a

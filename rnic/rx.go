@@ -521,7 +521,16 @@ func (r *rxState) send(op rdmap.Opcode, h ddp.Untagged, payload, n int) error {
 		r.act.kind = actRTR // the RFC 6581 zero-length Send RTR consumes no receive
 		return nil
 	}
-	if h.MO() == 0 {
+	// A segment starts a new message when none is in progress, not when
+	// its MO is 0: a message's first segments may carry no payload, and
+	// the segment after them, at MO 0 again, continues it (taking a
+	// receive WQE for it would lose the one the message holds).
+	cont := r.recvActive
+	if !cont {
+		if h.MO() != 0 {
+			return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedInvalidMO},
+				EventRQInvalidMSN, r.hl, n, "continuation with no message in progress")
+		}
 		// The QP may have left RTS since the loop checked (Modify to
 		// Closing while the header was read): checked before the take,
 		// for an S-RQ, which Closing does not flush, and after a failed
@@ -536,12 +545,9 @@ func (r *rxState) send(op rdmap.Opcode, h ddp.Untagged, payload, n int) error {
 			return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedNoBuffer},
 				EventRQInvalidMSN, r.hl, n, "%s with no receive posted (MSN %d)", op, h.MSN())
 		}
-	} else if !r.recvActive {
-		return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedInvalidMO},
-			EventRQInvalidMSN, r.hl, n, "continuation with no message in progress")
 	}
 	if op == rdmap.OpImmediate || op == rdmap.OpImmediateSE {
-		if payload != rdmap.ImmediateLen || !h.Last() || h.MO() != 0 {
+		if payload != rdmap.ImmediateLen || !h.Last() || cont {
 			return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnspecified},
 				EventProtocolError, r.hl, n, "Immediate Data of %d bytes", payload)
 		}

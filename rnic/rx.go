@@ -755,20 +755,23 @@ func (r *rxState) atomicRequest(full, n int) error {
 		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnexpectedOpcode},
 			EventUnexpectedOpcode, r.hl, n, "atomics are not enabled on this QP")
 	}
+	// The alignment that matters is the target word's address, not the
+	// TO's: RFC 7306 §5.2.1, the TO "MAY start at an arbitrary offset but
+	// MUST represent a ULP Buffer address that is 64-bit aligned" (a
+	// zero-based region need not start on an 8-byte boundary). It is
+	// checked after the STag checks it needs (§8.2: "additional
+	// validation").
 	stag := STag(ar.STag())
-	f := faultAlignment
-	if ar.TO()%8 == 0 {
-		f = faultSTag
-		if e := r.c.dev.stags.lookup(stag); e != nil {
-			e.mu.RLock()
-			var mp *mapping
-			var off uint64
-			mp, off, f = e.remoteAccess(qp, stag, ar.TO(), 8, RemoteAtomic)
-			if f == faultNone && mp.word(off) == nil {
-				f = faultAlignment // aligned TO, misaligned in memory
-			}
-			e.mu.RUnlock()
+	f := faultSTag
+	if e := r.c.dev.stags.lookup(stag); e != nil {
+		e.mu.RLock()
+		var mp *mapping
+		var off uint64
+		mp, off, f = e.remoteAccess(qp, stag, ar.TO(), 8, RemoteAtomic)
+		if f == faultNone && mp.word(off) == nil {
+			f = faultAlignment
 		}
+		e.mu.RUnlock()
 	}
 	if f != faultNone {
 		cause, ev := f.terminate(siteRequest)

@@ -562,8 +562,15 @@ func (r *rxState) send(op rdmap.Opcode, h ddp.Untagged, payload, n int) error {
 	}
 	mo := uint64(h.MO())
 	if mo+uint64(payload) > r.recvTotal {
-		return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedTooLong},
+		// The receive WQE completes in error, not flushed as the WQEs
+		// behind it are: the draft's §8.1.2.1 makes a receive smaller
+		// than the message a completion error, and its §8.3.2 (Figure
+		// 23) counts length errors as base and bounds violations. The
+		// Terminate is RFC 5041's own for the case.
+		p := r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedTooLong},
 			EventRQMessageTooLong, r.hl, n, "%d bytes at offset %d for a %d-byte receive", payload, mo, r.recvTotal)
+		p.wc = StatusBaseBounds
+		return p
 	}
 	if err := r.scatter(mo, uint64(payload), n); err != nil {
 		return err

@@ -135,6 +135,9 @@ type termCase struct {
 	name  string
 	qp    QPConfig // zero: everything enabled
 	recvs int
+	// recvStatus, when set, is the status the first receive completes
+	// with (the others are flushed).
+	recvStatus Status
 	// send sends the offending frames; it returns the ULPDU whose headers
 	// the Terminate must echo (nil: no echo expected).
 	send  func(tt *termTarget, p *rawpeer.Peer) []byte
@@ -222,7 +225,7 @@ var termCases = []termCase{
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			return sendULPDU(tt.t.(*testing.T), p, p.SendMsg(rdmap.OpSend, 0, []byte("hello")))
 		}},
-	{name: "send-too-long", recvs: 1, cause: ddpUntagged(term.UntaggedTooLong), ev: EventRQMessageTooLong,
+	{name: "send-too-long", recvs: 1, recvStatus: StatusBaseBounds, cause: ddpUntagged(term.UntaggedTooLong), ev: EventRQMessageTooLong,
 		send: func(tt *termTarget, p *rawpeer.Peer) []byte {
 			return sendULPDU(tt.t.(*testing.T), p, p.SendMsg(rdmap.OpSend, 0, make([]byte, 65)))
 		}},
@@ -511,9 +514,12 @@ func TestTerminateCodes(t *testing.T) {
 				if len(wcs) != tc.recvs {
 					t.Fatalf("%d receive completions, want %d: %+v", len(wcs), tc.recvs, wcs)
 				}
-				for _, wc := range wcs {
+				for i, wc := range wcs {
 					if wc.Status == StatusSuccess {
 						t.Errorf("receive completed successfully: %+v", wc)
+					}
+					if i == 0 && tc.recvStatus != StatusSuccess && wc.Status != tc.recvStatus {
+						t.Errorf("receive completed %s, want %s: %+v", wc.Status, tc.recvStatus, wc)
 					}
 				}
 			}

@@ -162,12 +162,22 @@ func (t *stagTable) clear() {
 	t.slots = nil
 	t.free = nil
 	t.mu.Unlock()
-	for _, e := range entries {
-		e.mu.Lock()
-		e.gone = true
-		e.valid = false
-		e.mem = mapping{}
-		e.mu.Unlock()
+	// Windows first: a placement through a window holds only the window's
+	// lock while it copies into its region's memory (remoteAccess), so a
+	// region's mapping may be dropped only once no window reaches it. A
+	// receive goroutine that outlived Config.CloseTimeout may still be
+	// placing.
+	for _, kind := range [...]entryKind{kindMW, kindMR} {
+		for _, e := range entries {
+			if e.kind != kind {
+				continue
+			}
+			e.mu.Lock()
+			e.gone = true
+			e.valid = false
+			e.mem = mapping{}
+			e.mu.Unlock()
+		}
 	}
 }
 

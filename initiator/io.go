@@ -35,6 +35,9 @@ func (c *Client) ReadAt(ctx context.Context, p []byte, off int64) error {
 	if err := c.check(off, int64(len(p))); err != nil {
 		return err
 	}
+	if len(p) == 0 {
+		return nil // the protocol has no READ of length 0
+	}
 	return c.retry(ctx, func(s *session) error {
 		return s.chunks(ctx, len(p), s.maxTransfer, func(at, n int) error {
 			_, err := s.do(ctx, blockproto.OpRead, 0, uint64(off)+uint64(at), uint32(n), 0, p[at:at+n])
@@ -56,6 +59,9 @@ func (c *Client) WriteAtToken(ctx context.Context, p []byte, off int64, fua bool
 	}
 	if c.readOnly {
 		return fmt.Errorf("%w: %s", ErrReadOnly, c.cfg.Volume)
+	}
+	if len(p) == 0 {
+		return nil // the protocol has no WRITE of length 0
 	}
 	var flags uint16
 	if fua {

@@ -141,8 +141,10 @@ func (t *transmission) reader() error {
 			if err := t.takeSlot(); err != nil {
 				return nil
 			}
-			if r.errno != 0 {
-				// Refused writes still carry their payload: skip it.
+			if r.errno != 0 || r.length == 0 {
+				// Refused writes still carry their payload: skip it. A
+				// write of nothing succeeds without reaching the
+				// Backend.
 				if _, err := io.CopyN(io.Discard, c.br, int64(r.length)); err != nil {
 					t.done(r)
 					return t.readError(err, "write payload")

@@ -488,3 +488,24 @@ func waitFor(t testing.TB, cond func() bool) {
 		}
 	}
 }
+
+// TestZeroLengthWriteAsync: a zero-length WRITE succeeds without reaching
+// an AsyncBackend either (StartWrite with an empty buffer is not part of
+// the Backend contract: the initiator's protocol has no WRITE of length
+// 0).
+func TestZeroLengthWriteAsync(t *testing.T) {
+	a := newAsyncMem(1 << 20)
+	s := serve(t, oneExport(a))
+	c := dial(t, s.addr, clientFlagFixedNewstyle)
+	c.goExport("x")
+	for _, flags := range []uint16{0, CmdFlagFUA} {
+		if r := c.do(CmdWrite, flags, 4096, 0, nil); r.errno != 0 {
+			t.Fatalf("zero-length write, flags %#x: errno %d", flags, r.errno)
+		}
+	}
+	if n := a.started.Load(); n != 0 {
+		t.Errorf("zero-length writes started %d backend writes", n)
+	}
+	c.send(CmdDisc, 0, 9, 0, 0, nil)
+	s.expectEnd(t, c, nil)
+}

@@ -170,7 +170,9 @@ func (c *conn) option(id uint32, data []byte) (sel selected, done bool, err erro
 // NBD_OPT_SET_META_CONTEXT. The one context offered is base:allocation,
 // for exports whose Backend is a BlockStatuser. A listing matches it with
 // no query, "base:" or its own name; a selection takes it when a query
-// names it exactly, and replaces any earlier selection.
+// names it exactly, and replaces any earlier selection. The selection is
+// recorded for the export the name resolves to, so that the empty name
+// selects for the default export.
 func (c *conn) metaContext(id uint32, data []byte) error {
 	if !c.structured {
 		return c.optError(id, RepErrInvalid, "%s before NBD_OPT_STRUCTURED_REPLY", optionName(id))
@@ -198,7 +200,7 @@ func (c *conn) metaContext(id uint32, data []byte) error {
 	}
 	match = match && offered
 	if id == OptSetMetaContext {
-		c.metaExport, c.metaAlloc = req.Name, match
+		c.metaExport, c.metaAlloc = exp.Name, match
 	}
 	if match {
 		ctxID := uint32(0) // a listing's IDs are reserved, 0
@@ -219,7 +221,7 @@ func (c *conn) metaContext(id uint32, data []byte) error {
 
 // negotiated records in sel what the options negotiated for its export:
 // structured replies, and base:allocation if it was selected for that
-// very export.
+// very export (by its name, or by the empty name if it is the default).
 func (c *conn) negotiated(sel *selected) {
 	sel.structured = c.structured
 	sel.metaAlloc = c.structured && c.metaAlloc && c.metaExport == sel.exp.Name

@@ -185,3 +185,30 @@ func TestStructuredReplies(t *testing.T) {
 		t.Fatalf("BLOCK_STATUS of length 0: %+v", ch)
 	}
 }
+
+// TestBlockStatusDefaultExport: base:allocation selected for the default
+// export by the empty name, then the default export chosen by the empty
+// name (what nbdinfo --map nbd://host and qemu-img map nbd://host do):
+// BLOCK_STATUS is answered.
+func TestBlockStatusDefaultExport(t *testing.T) {
+	srv, _, _ := twoExports()
+	s := serve(t, srv)
+	c := dial(t, s.addr, clientFlagFixedNewstyle)
+	c.option(OptStructuredReply, nil)
+	if r := c.optReply(); r.typ != RepAck {
+		t.Fatalf("STRUCTURED_REPLY: %#x", r.typ)
+	}
+	got, typ := c.metaOption(OptSetMetaContext, "", MetaBaseAllocation)
+	if typ != RepAck || len(got) != 1 || got[MetaBaseAllocation] != metaAllocID {
+		t.Fatalf("SET_META_CONTEXT of the default export: %v, final %#x", got, typ)
+	}
+	c.goExport("")
+	c.send(CmdBlockStatus, 0, 5, 0, 8192, nil)
+	ch := c.chunk()
+	if ch.typ == ReplyTypeError {
+		t.Fatalf("BLOCK_STATUS of the default export: error %d", binary.BigEndian.Uint32(ch.payload))
+	}
+	if id, d := descriptors(t, ch); id != metaAllocID || len(d) != 1 || d[0] != [2]uint32{8192, StateHole | StateZero} {
+		t.Fatalf("BLOCK_STATUS of the default export: context %d, %v", id, d)
+	}
+}

@@ -133,6 +133,23 @@ func TestNbdinfoJSON(t *testing.T) {
 	}
 }
 
+// TestNbdinfoMapDefaultExport: nbdinfo --map of the default export (a
+// URI without an export name) lists the allocation, as it does for the
+// export by its name.
+func TestNbdinfoMapDefaultExport(t *testing.T) {
+	needTools(t, "nbdinfo")
+	be := newMem(1 << 20)
+	copy(be.data[8192:], "data")
+	s := serve(t, &Server{Exports: []Export{{Name: "vol", Backend: be}}})
+	want := run(t, 30*time.Second, "nbdinfo", "--map", nbdURI(s, "vol"))
+	if !strings.Contains(want, "data") || !strings.Contains(want, "hole") {
+		t.Fatalf("nbdinfo --map of vol:\n%s", want)
+	}
+	if got := run(t, 30*time.Second, "nbdinfo", "--map", "nbd://"+s.addr); got != want {
+		t.Fatalf("nbdinfo --map of the default export:\n%s\nwant\n%s", got, want)
+	}
+}
+
 func TestUnixSocket(t *testing.T) {
 	needTools(t, "nbdinfo")
 	m := newMem(16 << 20)

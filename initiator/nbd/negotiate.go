@@ -170,10 +170,14 @@ func (c *conn) option(id uint32, data []byte) (sel selected, done bool, err erro
 // NBD_OPT_SET_META_CONTEXT. The one context offered is base:allocation,
 // for exports whose Backend is a BlockStatuser. A listing matches it with
 // no query, "base:" or its own name; a selection takes it when a query
-// names it exactly, and replaces any earlier selection. The selection is
-// recorded for the export the name resolves to, so that the empty name
-// selects for the default export.
+// names it exactly, and replaces any earlier selection, also when it
+// fails (as the specification requires). The selection is recorded for
+// the export the name resolves to, so that the empty name selects for
+// the default export.
 func (c *conn) metaContext(id uint32, data []byte) error {
+	if id == OptSetMetaContext {
+		c.metaExport, c.metaAlloc = "", false
+	}
 	if !c.structured {
 		return c.optError(id, RepErrInvalid, "%s before NBD_OPT_STRUCTURED_REPLY", optionName(id))
 	}

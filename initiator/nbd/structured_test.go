@@ -212,3 +212,40 @@ func TestBlockStatusDefaultExport(t *testing.T) {
 		t.Fatalf("BLOCK_STATUS of the default export: context %d, %v", id, d)
 	}
 }
+
+// TestFailedSetMetaContextClearsSelection: an NBD_OPT_SET_META_CONTEXT
+// replaces the earlier selection even when it fails (the specification's
+// rule), so base:allocation selected before it is not used.
+func TestFailedSetMetaContextClearsSelection(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		data []byte
+		want uint32
+	}{
+		{"unknown export", AppendMetaContextRequest(nil, MetaContextRequest{Name: "nope", Queries: []string{MetaBaseAllocation}}),
+			RepErrUnknown},
+		{"malformed", []byte{0, 0, 0, 9, 'a'}, RepErrInvalid},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, _, _ := twoExports()
+			s := serve(t, srv)
+			c := dial(t, s.addr, clientFlagFixedNewstyle)
+			c.option(OptStructuredReply, nil)
+			if r := c.optReply(); r.typ != RepAck {
+				t.Fatalf("STRUCTURED_REPLY: %#x", r.typ)
+			}
+			if got, typ := c.metaOption(OptSetMetaContext, "a", MetaBaseAllocation); typ != RepAck || len(got) != 1 {
+				t.Fatalf("SET_META_CONTEXT a: %v, final %#x", got, typ)
+			}
+			c.option(OptSetMetaContext, tc.data)
+			if r := c.optReply(); r.typ != tc.want {
+				t.Fatalf("failing SET_META_CONTEXT: %#x, want %#x", r.typ, tc.want)
+			}
+			c.goExport("a")
+			c.send(CmdBlockStatus, 0, 5, 0, 8192, nil)
+			if ch := c.chunk(); ch.typ != ReplyTypeError || binary.BigEndian.Uint32(ch.payload) != EINVAL {
+				t.Fatalf("BLOCK_STATUS after a failed SET_META_CONTEXT: chunk type %d, want an EINVAL error", ch.typ)
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -138,4 +139,56 @@ func TestNBDZeroLengthWrite(t *testing.T) {
 	if n := logs.count("protocol violation: ending session"); n != 0 {
 		t.Fatalf("the target saw %d protocol violations", n)
 	}
+}
+
+// TestNBDRefusedWritePayloadDoesNotHoldOthers: a connection whose reader
+// waits for the payload of a refused WRITE does not hold back the
+// requests of the other connections: they share the initiator's QPs, and
+// the reader must end its plug of them before it waits for the client.
+func TestNBDRefusedWritePayloadDoesNotHoldOthers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a target and an initiator")
+	}
+	addr := nbdStack(t, slog.New(slog.DiscardHandler))
+	b := dialExport(t, addr, "vol")
+	defer b.nc.Close()
+	a := dialExport(t, addr, "vol")
+	defer a.nc.Close()
+	// Hang guards only: before the fix the replies never came.
+	for _, c := range []*rawNBD{a, b} {
+		c.nc.SetDeadline(time.Now().Add(30 * time.Second))
+	}
+
+	// B: a READ, then (in the same segment) the header of a WRITE that is
+	// refused (offset not aligned), its payload not sent yet.
+	var req []byte
+	for _, r := range []struct {
+		typ    uint16
+		cookie uint64
+		off    uint64
+	}{{nbd.CmdRead, 1, 0}, {nbd.CmdWrite, 2, 100}} {
+		h := nbd.Request(b.hdr[:])
+		h.Encode(protocol.TransmissionRequestHeader{RequestMagic: protocol.TRANSMISSION_MAGIC_REQUEST, Type: r.typ,
+			Handle: r.cookie, Offset: r.off, Length: 4096})
+		req = append(req, b.hdr[:]...)
+	}
+	if _, err := b.nc.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	// A's READ, and B's, are answered meanwhile.
+	a.request(nbd.CmdRead, 3, 8192, nil)
+	a.reply(3, a.got)
+	b.reply(1, b.got)
+	// B's payload: the WRITE is refused, and B carries on.
+	if _, err := b.nc.Write(make([]byte, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(b.br, b.rep[:]); err != nil {
+		t.Fatal(err)
+	}
+	if r := nbd.SimpleReply(b.rep[:]); r.Cookie() != 2 || r.Error() != nbd.EINVAL {
+		t.Fatalf("misaligned WRITE: cookie %d error %d, want cookie 2 EINVAL", r.Cookie(), r.Error())
+	}
+	b.request(nbd.CmdRead, 4, 0, nil)
+	b.reply(4, b.got)
 }

@@ -145,6 +145,7 @@ func (t *transmission) reader() error {
 				// Refused writes still carry their payload: skip it. A
 				// write of nothing succeeds without reaching the
 				// Backend.
+				t.mayWait(int(r.length))
 				if _, err := io.CopyN(io.Discard, c.br, int64(r.length)); err != nil {
 					t.done(r)
 					return t.readError(err, "write payload")

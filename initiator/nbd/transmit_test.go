@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pojntfx/go-nbd/pkg/protocol"
 )
 
 func oneExport(be Backend) *Server {
@@ -505,6 +507,34 @@ func TestZeroLengthWriteAsync(t *testing.T) {
 	}
 	if n := a.started.Load(); n != 0 {
 		t.Errorf("zero-length writes started %d backend writes", n)
+	}
+	c.send(CmdDisc, 0, 9, 0, 0, nil)
+	s.expectEnd(t, c, nil)
+}
+
+// TestRefusedWritePayloadUnplugs: the reader ends its plug of the backend
+// before it waits for the payload of a refused WRITE, so the requests
+// held behind the plug (of this connection and, on a backend shared by
+// several, of the others) go out meanwhile.
+func TestRefusedWritePayloadUnplugs(t *testing.T) {
+	a := newAsyncMem(1 << 20)
+	s := serve(t, oneExport(a))
+	c := dial(t, s.addr, clientFlagFixedNewstyle)
+	c.goExport("x")
+	// A READ and, in the same segment, the header of a WRITE refused for
+	// its misaligned offset, without its payload.
+	var h [2 * RequestSize]byte
+	Request(h[:]).Encode(protocol.TransmissionRequestHeader{RequestMagic: magicRequest, Type: CmdRead, Handle: 1, Length: 4096})
+	Request(h[RequestSize:]).Encode(protocol.TransmissionRequestHeader{RequestMagic: magicRequest, Type: CmdWrite, Handle: 2,
+		Offset: 100, Length: 4096})
+	c.reads[1] = 4096
+	c.write(h[:])
+	if r := c.reply(); r.cookie != 1 || r.errno != 0 {
+		t.Fatalf("READ: %+v", r)
+	}
+	c.write(make([]byte, 4096))
+	if r := c.reply(); r.cookie != 2 || r.errno != EINVAL {
+		t.Fatalf("misaligned WRITE: cookie %d errno %d, want 2 and EINVAL", r.cookie, r.errno)
 	}
 	c.send(CmdDisc, 0, 9, 0, 0, nil)
 	s.expectEnd(t, c, nil)

@@ -97,6 +97,18 @@ func (f *FrontendSession) Mutate(fn func() error) error {
 	}
 }
 
+// LockBlocks takes the volume's block stripes of blocks [first,
+// first+count) for a whole-block change, shared, as a native whole-block
+// write does: a native write of part of a block reads, modifies and
+// writes the block back under its stripe held exclusively, and a
+// whole-block write that ran meanwhile would be overwritten with what
+// that read found. Call it inside Mutate's fn (after the volume's fence,
+// the native order); the returned function unlocks.
+func (f *FrontendSession) LockBlocks(first, count uint64) (unlock func()) {
+	r := f.s.vol.lockBlocks(first, count, false, false)
+	return r.unlock
+}
+
 // Reserve takes the volume's exclusive reservation for this session (as a
 // native initiator's Compare-and-Swap on the reservation word does): it
 // succeeds if the reservation is free or already this session's; any

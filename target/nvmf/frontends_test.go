@@ -166,3 +166,73 @@ func dsmOpts(slba uint64, nlb uint32) cmdOpts {
 	binary.LittleEndian.PutUint64(b[8:], slba)
 	return cmdOpts{dir: dirFromHost, data: b, inCapsule: true}
 }
+
+// TestNativePartialWritesAndNVMeWrites: a native write of part of a block
+// (read-modify-write at the target) and NVMe writes of the whole block,
+// running at once, serialize: once an NVMe write has completed, the
+// bytes the native writes do not cover hold that write's data. Without
+// the NVMe side taking the block's stripe, a read-modify-write that read
+// the block before the NVMe write wrote it back after, and the completed
+// NVMe write was lost.
+func TestNativePartialWritesAndNVMeWrites(t *testing.T) {
+	// The thin store: its read and write of the block are system calls,
+	// a window an NVMe write lands in.
+	e := newTestEnv(t, envOpts{thin: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	native, err := initiator.Connect(ctx, initiator.Config{Addr: e.addr, Volume: "vol0", Initiator: "native-host",
+		Secret: e.secret, Logger: testLogger(), NoReconnect: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer native.Close()
+	h := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})
+
+	const lba, lo, hi = 7, 512, 1024 // the native writes cover [lo, hi) of the block (sectors)
+	const rounds = 2000
+	stop := make(chan struct{})
+	nativeErr := make(chan error, 1)
+	go func() {
+		part := make([]byte, hi-lo)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				nativeErr <- nil
+				return
+			default:
+			}
+			for j := range part {
+				part[j] = byte(i)
+			}
+			if err := native.WriteAt(ctx, part, lba*store.BlockSize+lo, false); err != nil {
+				nativeErr <- err
+				return
+			}
+		}
+	}()
+	block := make([]byte, store.BlockSize)
+	lost := 0
+	for i := range rounds {
+		binary.LittleEndian.PutUint64(block, uint64(i))
+		for j := 8; j < len(block); j++ {
+			block[j] = byte(i * 7)
+		}
+		if st, err := h.write(0, lba, block, false); err != nil || st != StatusSuccess {
+			t.Fatalf("NVMe write %d: %v %v", i, st, err)
+		}
+		got, st, err := h.read(0, lba, 1)
+		if err != nil || st != StatusSuccess {
+			t.Fatalf("NVMe read %d: %v %v", i, st, err)
+		}
+		if !bytes.Equal(got[:lo], block[:lo]) || !bytes.Equal(got[hi:], block[hi:]) {
+			lost++
+		}
+	}
+	close(stop)
+	if err := <-nativeErr; err != nil {
+		t.Fatalf("native write: %v", err)
+	}
+	if lost > 0 {
+		t.Fatalf("%d of %d completed NVMe writes were overwritten outside the native writes' range", lost, rounds)
+	}
+}

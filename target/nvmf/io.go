@@ -141,6 +141,7 @@ func (c *controller) write(q *queue, sl *slot, cmd Command) {
 		q.fetch(sl, func(sl *slot) {
 			q.run(sl, c.inMemory, func(sl *slot) {
 				err := c.fe.Mutate(func() error {
+					defer c.fe.LockBlocks(slba, uint64(n)/store.BlockSize)()
 					return c.fe.Volume().WriteBlocks(q.ctx, slba, sl.payload(), fua)
 				})
 				if err != nil {
@@ -217,7 +218,10 @@ func (c *controller) deallocate(q *queue, sl *slot, cmd Command) {
 			q.run(sl, c.inMemory, func(sl *slot) {
 				err := c.fe.Mutate(func() error {
 					for _, r := range ranges {
-						if err := c.fe.Volume().Trim(q.ctx, r.slba, r.nlb); err != nil {
+						unlock := c.fe.LockBlocks(r.slba, r.nlb)
+						err := c.fe.Volume().Trim(q.ctx, r.slba, r.nlb)
+						unlock()
+						if err != nil {
 							return err
 						}
 					}
@@ -247,7 +251,10 @@ func (c *controller) writeZeroes(q *queue, sl *slot, cmd Command) {
 		return
 	}
 	q.run(sl, c.inMemory, func(sl *slot) {
-		err := c.fe.Mutate(func() error { return c.fe.Volume().WriteZeroes(q.ctx, slba, nlb, fua) })
+		err := c.fe.Mutate(func() error {
+			defer c.fe.LockBlocks(slba, nlb)()
+			return c.fe.Volume().WriteZeroes(q.ctx, slba, nlb, fua)
+		})
 		if err != nil {
 			err = c.storeError(q, "write zeroes", err)
 		}

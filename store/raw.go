@@ -54,16 +54,22 @@ func openRawFile(path string, flag int) (*os.File, error) {
 // own directory dir (writes through the volume would overwrite the
 // store's data or metadata) and the file or device of another raw volume
 // (two names for the same blocks, whose locks and reservations would not
-// see each other's users).
+// see each other's users). Both paths are made absolute first: filepath.Rel
+// of a relative and an absolute path fails, and rtarget's default --data
+// is relative while the volume commands send absolute paths.
 func checkRawPath(dir, path string, others []*thinRecord) error {
-	real, err := filepath.EvalSymlinks(path)
+	real, err := realPath(path)
 	if err != nil {
 		return fmt.Errorf("raw: %w", err)
 	}
-	if realDir, err := filepath.EvalSymlinks(dir); err == nil {
-		if rel, err := filepath.Rel(realDir, real); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
-			return fmt.Errorf("raw: %s is inside the store's directory %s: %w", path, dir, ErrInvalid)
-		}
+	realDir, err := realPath(dir)
+	if err != nil {
+		return fmt.Errorf("raw: the store's directory: %w", err)
+	}
+	if rel, err := filepath.Rel(realDir, real); err != nil {
+		return fmt.Errorf("raw: %s against the store's directory %s: %w", path, dir, err)
+	} else if rel != ".." && !strings.HasPrefix(rel, "../") {
+		return fmt.Errorf("raw: %s is inside the store's directory %s: %w", path, dir, ErrInvalid)
 	}
 	fi, err := os.Stat(real)
 	if err != nil {
@@ -78,6 +84,16 @@ func checkRawPath(dir, path string, others []*thinRecord) error {
 		}
 	}
 	return nil
+}
+
+// realPath returns the absolute path of path with its symbolic links
+// resolved.
+func realPath(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	return filepath.EvalSymlinks(abs)
 }
 
 func rawFileSize(f *os.File) (int64, error) {

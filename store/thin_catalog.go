@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"path/filepath"
 	"slices"
 	"sort"
 
@@ -264,14 +265,20 @@ func (b *thinBackend) checkThinSize(size int64) error {
 func (b *thinBackend) createVolume(_ context.Context, info VolumeInfo, opts CreateOptions) (VolumeInfo, error) {
 	rec := &thinRecord{Name: info.Name, Kind: KindThin, Size: info.Size, Created: info.Created, Meta: info.Meta, Epoch: 1}
 	if opts.Raw != "" {
-		size, err := rawSize(opts.Raw)
+		// Kept absolute: the file checked now is the one every later open
+		// serves, whatever the working directory of the process then.
+		raw, err := filepath.Abs(opts.Raw)
+		if err != nil {
+			return VolumeInfo{}, fmt.Errorf("raw: %w", err)
+		}
+		size, err := rawSize(raw)
 		if err != nil {
 			return VolumeInfo{}, err
 		}
 		if info.Size != 0 && info.Size != size {
-			return VolumeInfo{}, fmt.Errorf("raw %s has %d bytes, not %d: %w", opts.Raw, size, info.Size, ErrInvalid)
+			return VolumeInfo{}, fmt.Errorf("raw %s has %d bytes, not %d: %w", raw, size, info.Size, ErrInvalid)
 		}
-		rec.Kind, rec.RawPath, rec.Size = KindRaw, opts.Raw, size
+		rec.Kind, rec.RawPath, rec.Size = KindRaw, raw, size
 	} else if err := b.checkThinSize(info.Size); err != nil {
 		return VolumeInfo{}, err
 	}

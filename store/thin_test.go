@@ -626,6 +626,44 @@ func TestRawRefusals(t *testing.T) {
 	exec.Command("umount", mnt).Run()
 }
 
+// TestRawRefusalsRelativePaths: the refusal of a raw volume inside the
+// store's directory holds whichever of the two paths is relative: a store
+// opened as "rtarget-data" (rtarget's default --data is relative) given the
+// absolute path the volume commands send, or a store opened by an absolute
+// path given a relative one.
+func TestRawRefusalsRelativePaths(t *testing.T) {
+	ctx := context.Background()
+	work := t.TempDir()
+	t.Chdir(work)
+	for _, c := range []struct{ dir, raw string }{
+		{"rel-store", filepath.Join(work, "rel-store", "data", "000000.data")},
+		{filepath.Join(work, "abs-store"), filepath.Join("abs-store", "data", "000000.data")},
+	} {
+		s, err := store.OpenThin(c.dir, store.ThinOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Data in the data file, which a raw volume on it would overwrite.
+		if _, err := s.CreateVolume(ctx, "thin", 1<<20, store.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		v, err := s.OpenVolume(ctx, "thin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := v.WriteBlocks(ctx, 0, storetest.Pattern(0, 1, 1), true); err != nil {
+			t.Fatal(err)
+		}
+		v.Close()
+		if _, err := s.CreateVolume(ctx, "r", 0, store.CreateOptions{Raw: c.raw}); !errors.Is(err, store.ErrInvalid) {
+			t.Errorf("store %s: raw volume on its own data file %s: %v, want ErrInvalid", c.dir, c.raw, err)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestNewDataFileSyncsDirectory: a data file's name is made durable (its
 // directory fsynced) before the commit that maps clusters into it, once
 // per new file; a failed directory sync fails that commit and the store.

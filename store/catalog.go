@@ -29,8 +29,9 @@ type volumeStore struct {
 	open     map[string]map[*volume]struct{}
 	snapOpen map[string]int
 	// excl holds the volumes an exclusive operation (delete, rollback,
-	// shrink) is working on: opens and other exclusive operations on them
-	// fail with ErrBusy meanwhile. The value names the operation.
+	// shrink) is working on, and as "VOL@SNAP" the snapshots being deleted:
+	// opens and other exclusive operations on them fail with ErrBusy
+	// meanwhile. The value names the operation.
 	excl map[string]string
 	ops  sync.WaitGroup // store-level calls in flight
 
@@ -212,7 +213,11 @@ func (s *volumeStore) openVolume(ctx context.Context, name string) (Volume, erro
 		s.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if op := s.excl[volName]; op != "" {
+	op := s.excl[volName]
+	if op == "" && snap != "" {
+		op = s.excl[name] // the snapshot's deletion
+	}
+	if op != "" {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("%s in progress: %w", op, ErrBusy)
 	}
@@ -424,12 +429,28 @@ func (s *volumeStore) CreateSnapshot(ctx context.Context, vol, snap string) (Sna
 
 func (s *volumeStore) DeleteSnapshot(ctx context.Context, vol, snap string) error {
 	err := s.shared(ctx, vol, func(info VolumeInfo) error {
+		// The snapshot is held exclusively (excl under "VOL@SNAP") from the
+		// check for open handles to the end: an open of it meanwhile fails
+		// with ErrBusy instead of getting a handle on what the deletion
+		// takes apart.
+		ref := vol + "@" + snap
 		s.mu.Lock()
-		n := s.snapOpen[vol+"@"+snap]
-		s.mu.Unlock()
-		if n > 0 {
-			return fmt.Errorf("%d open handles: %w", n, ErrBusy)
+		n, op := s.snapOpen[ref], s.excl[ref]
+		if n == 0 && op == "" {
+			s.excl[ref] = "snapshot deletion"
 		}
+		s.mu.Unlock()
+		switch {
+		case n > 0:
+			return fmt.Errorf("%d open handles: %w", n, ErrBusy)
+		case op != "":
+			return fmt.Errorf("%s in progress: %w", op, ErrBusy)
+		}
+		defer func() {
+			s.mu.Lock()
+			delete(s.excl, ref)
+			s.mu.Unlock()
+		}()
 		return s.be.deleteSnapshot(ctx, info, snap)
 	})
 	if err != nil {

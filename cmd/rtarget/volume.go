@@ -388,8 +388,10 @@ func volumeImport(c *cli.Context) error {
 			if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
 				return fmt.Errorf("read %s: %w", a[1], err)
 			}
+			// Past the image's last byte, its last block reads zeros, not
+			// what the chunk before left in buf.
+			clear(buf[n:])
 			n = (n + store.BlockSize - 1) / store.BlockSize * store.BlockSize
-			clear(buf[min(n, len(buf)):])
 			// Sparse: all-zero blocks are written as zeroes (deleted keys).
 			for b := 0; b < n; b += store.BlockSize {
 				lba := uint64(off+int64(b)) / store.BlockSize

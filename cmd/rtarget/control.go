@@ -215,12 +215,15 @@ func (s *controlServer) do(ctx context.Context, req controlRequest) controlRespo
 	return resp
 }
 
-// close stops accepting, ends the connections and removes the socket.
+// close stops accepting, ends the connections and removes the socket. A
+// connection's reads and writes both end: a client that stopped reading
+// in the middle of a response would otherwise hold its write, and so the
+// daemon's exit, for ever. A request being run finishes first.
 func (s *controlServer) close() {
 	s.ln.Close()
 	s.mu.Lock()
 	for c := range s.conns {
-		c.SetReadDeadline(time.Now())
+		c.SetDeadline(time.Now())
 	}
 	s.mu.Unlock()
 	s.wg.Wait()

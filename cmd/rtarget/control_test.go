@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -117,5 +118,46 @@ func TestControlResize(t *testing.T) {
 	}
 	if err := cc.ResizeVolume(ctx, "v", 1<<20); err != nil || size() != 1<<20 {
 		t.Fatalf("resize to a smaller size: %v, size %d", err, size())
+	}
+}
+
+// TestControlCloseBesideStuckClient: closing the control socket (rtarget
+// serve stopping) ends a connection whose client stopped reading in the
+// middle of a response; it does not wait for that client for ever.
+func TestControlCloseBesideStuckClient(t *testing.T) {
+	st := store.NewMemory()
+	defer st.Close()
+	ctx := t.Context()
+	// A list response of several MiB: far more than a unix socket buffers.
+	meta := map[string]string{"pad": strings.Repeat("m", store.MaxMetaLen-16)}
+	for i := range 64 {
+		if _, err := st.CreateVolume(ctx, "v"+strconv.Itoa(i), 1<<20, store.CreateOptions{Meta: meta}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "rtarget.sock")
+	srv, err := listenControl(path, st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req, _ := json.Marshal(controlRequest{Version: controlVersion, Op: "list"})
+	if _, err := c.Write(append(req, '\n')); err != nil {
+		t.Fatal(err)
+	}
+	// The first byte of the response: the server is writing it, and the
+	// rest cannot fit in the socket until the client reads.
+	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	srv.close()
+	// The connection was ended: what the server could not write is gone.
+	rest, _ := io.ReadAll(c)
+	if bytes.HasSuffix(rest, []byte("\n")) {
+		t.Fatalf("the whole response (%d bytes) was written after close", len(rest)+1)
 	}
 }

@@ -313,9 +313,17 @@ func (v *thinVol) discardLocked(lba, count uint64) error {
 	b := v.b
 	end := lba + count
 	volEnd := v.size.Load()
+	// Past the end of a clone's origin nothing shows through: an absent
+	// entry there reads zeros as it does in a volume that is no clone, and
+	// is left so (a grown clone discarded whole must not map every
+	// cluster of it).
+	originEnd := uint64(0)
+	if v.origin != nil {
+		originEnd = b.clusters(v.origin.Size)
+	}
 	for lba < end {
 		c := lba / b.cb
-		if v.origin == nil {
+		if c >= originEnd {
 			// Nothing to discard in clusters never mapped.
 			if next := v.m.nextMapped(c, (end-1)/b.cb+1); next > c {
 				lba = max(lba, next*b.cb)
@@ -330,7 +338,7 @@ func (v *thinVol) discardLocked(lba, count uint64) error {
 		e := v.m.get(c)
 		switch {
 		case whole:
-			if e.phys() != 0 || (v.origin != nil && e.absent()) {
+			if e.phys() != 0 || (c < originEnd && e.absent()) {
 				v.replace(c, e, v.trimmed(), false)
 			}
 		case e.phys() != 0 && !v.shared(e):

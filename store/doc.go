@@ -249,8 +249,9 @@
 //
 // Space accounting (StatVolume): Allocated counts the clusters of the
 // head's own map; Exclusive those of them born after the latest snapshot
-// and not counted; a snapshot's Exclusive the clusters of its delta that
-// its predecessor does not read through and that have no other reference.
+// that have no other reference (not counted, or counted with no reference
+// count left); a snapshot's Exclusive the clusters of its delta that its
+// predecessor does not read through and that have no other reference.
 //
 // # Raw volumes
 //

@@ -396,12 +396,23 @@ func (b *thinBackend) stat(ctx context.Context, txn *badger.Txn, rec *thinRecord
 	latest := rec.latest()
 	var alloc, excl int64
 	err := scanEntries(ctx, txn, idKey(tkMap, rec.ID), func(_ uint64, e entry) error {
-		if e.phys() != 0 {
-			alloc++
-			if !e.counted() && e.birth() > latest {
-				excl++
+		if e.phys() == 0 {
+			return nil
+		}
+		alloc++
+		if e.birth() <= latest {
+			return nil // shared with the latest snapshot
+		}
+		if e.counted() {
+			// A rollback's: the head's alone once no reference count
+			// is kept, the other references gone (snapshots deleted).
+			if _, err := txn.Get(refKey(e.phys())); err == nil {
+				return nil
+			} else if !errors.Is(err, badger.ErrKeyNotFound) {
+				return err
 			}
 		}
+		excl++
 		return nil
 	})
 	if err != nil {

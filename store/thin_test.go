@@ -664,6 +664,58 @@ func TestRawRefusalsRelativePaths(t *testing.T) {
 	}
 }
 
+// TestThinExclusiveAfterRollback: the clusters a rollback gave the head
+// from a snapshot count as the head's Exclusive once that snapshot is
+// deleted and no other reference to them is left: deleting the volume
+// alone would then free them (Exclusive's definition; the memory store
+// counts them so too).
+func TestThinExclusiveAfterRollback(t *testing.T) {
+	ctx := context.Background()
+	s := openThin(t)
+	defer s.Close()
+	const size = 1 << 20
+	if _, err := s.CreateVolume(ctx, "v", size, store.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	write := func(tag uint64) {
+		t.Helper()
+		v, err := s.OpenVolume(ctx, "v")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer v.Close()
+		if err := v.WriteBlocks(ctx, 0, storetest.Pattern(0, size/store.BlockSize, tag), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(1)
+	if _, err := s.CreateSnapshot(ctx, "v", "r"); err != nil {
+		t.Fatal(err)
+	}
+	write(2)
+	if err := s.Rollback(ctx, "v", "r"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.StatVolume(ctx, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Allocated != size || st.Exclusive != 0 {
+		t.Fatalf("after the rollback (the snapshot shares every cluster): allocated %d, exclusive %d", st.Allocated, st.Exclusive)
+	}
+	if err := s.DeleteSnapshot(ctx, "v", "r"); err != nil {
+		t.Fatal(err)
+	}
+	if st, err = s.StatVolume(ctx, "v"); err != nil {
+		t.Fatal(err)
+	}
+	if st.Allocated != size || st.Exclusive != size {
+		t.Fatalf("after the snapshot's deletion (the head alone holds every cluster): allocated %d, exclusive %d, want %d",
+			st.Allocated, st.Exclusive, size)
+	}
+	store.CheckThin(t, s)
+}
+
 // TestNewDataFileSyncsDirectory: a data file's name is made durable (its
 // directory fsynced) before the commit that maps clusters into it, once
 // per new file; a failed directory sync fails that commit and the store.

@@ -122,14 +122,21 @@ func rawFileSize(f *os.File) (int64, error) {
 }
 
 // rawAllocated returns the bytes a raw file occupies on disk (a device:
-// its size).
+// its size). A device is opened without O_EXCL: while the volume is served
+// its handle holds the exclusive claim, and an exclusive open would fail
+// (EBUSY), failing the listing of every volume with it.
 func rawAllocated(path string) (int64, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return 0, fmt.Errorf("raw: %w", err)
 	}
 	if !fi.Mode().IsRegular() {
-		return rawSize(path)
+		f, err := os.Open(path)
+		if err != nil {
+			return 0, fmt.Errorf("raw: %w", err)
+		}
+		defer f.Close()
+		return rawFileSize(f)
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		return st.Blocks * 512, nil

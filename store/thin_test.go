@@ -716,6 +716,38 @@ func TestThinExclusiveAfterRollback(t *testing.T) {
 	store.CheckThin(t, s)
 }
 
+// TestRawDeviceListedWhileServed: a raw volume on a block device is
+// listed and stated while it is open (served), which holds the device
+// exclusively, and so is every other volume beside it (as root, with
+// losetup; skipped otherwise).
+func TestRawDeviceListedWhileServed(t *testing.T) {
+	ctx := context.Background()
+	s := openThin(t)
+	defer s.Close()
+	loop := loopDevice(t, 16<<20)
+	if _, err := s.CreateVolume(ctx, "dev", 0, store.CreateOptions{Raw: loop}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateVolume(ctx, "thin", 1<<20, store.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.OpenVolume(ctx, "dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	vs, err := s.ListVolumes(ctx)
+	if err != nil {
+		t.Fatalf("list while the raw device is served: %v", err)
+	}
+	if len(vs) != 2 || vs[0].Name != "dev" || vs[0].Allocated != 16<<20 {
+		t.Fatalf("list while the raw device is served: %+v", vs)
+	}
+	if st, err := s.StatVolume(ctx, "dev"); err != nil || st.Allocated != 16<<20 {
+		t.Fatalf("stat while the raw device is served: %v, allocated %d", err, st.Allocated)
+	}
+}
+
 // TestNewDataFileSyncsDirectory: a data file's name is made durable (its
 // directory fsynced) before the commit that maps clusters into it, once
 // per new file; a failed directory sync fails that commit and the store.

@@ -729,9 +729,11 @@ func (b *thinBackend) open(ctx context.Context, info VolumeInfo, snap string) (b
 	var vi VolumeInfo
 	err := b.db.View(func(txn *badger.Txn) error {
 		var err error
-		rec, err = b.getRecord(txn, info.Name)
+		if rec, err = b.getRecord(txn, info.Name); err != nil {
+			return err
+		}
 		vi = b.describe(txn, rec)
-		return err
+		return nil
 	})
 	if err != nil {
 		return nil, VolumeInfo{}, err

@@ -486,8 +486,11 @@ func TestHostilePeers(t *testing.T) {
 			return hpWant{cause: prot(term.ProtInvalidSTag), off: send(t, s, s.p.AtomicRequest(rdmap.AtomicRequestFields{
 				AOpcode: rdmap.AtomicFetchAdd, STag: guess(), AddSwap: 1, CompareMask: ^uint64(0)}))}
 		}},
+		// A misaligned TO is checked after the STag (RFC 7306 §5.2.1: the
+		// alignment is that of the target word's address, known only
+		// from a valid STag): the guessed STag fails first.
 		{name: "atomic-misaligned", run: func(t *testing.T, h *hostileRun, s *rawSess) hpWant {
-			return hpWant{cause: remoteOp(term.OpCatastrophicStream), off: send(t, s, s.p.AtomicRequest(rdmap.AtomicRequestFields{
+			return hpWant{cause: prot(term.ProtInvalidSTag), off: send(t, s, s.p.AtomicRequest(rdmap.AtomicRequestFields{
 				AOpcode: rdmap.AtomicFetchAdd, STag: guess(), TO: 3, AddSwap: 1, CompareMask: ^uint64(0)}))}
 		}},
 		{name: "unknown-opcode", run: func(t *testing.T, h *hostileRun, s *rawSess) hpWant {

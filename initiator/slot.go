@@ -277,6 +277,11 @@ func (sl *slot) onResponse(r blockproto.Response) error {
 	if sl.stage == stageExtents && r.Status() == blockproto.StatusOK {
 		return fmt.Errorf("%w: RESPONSE with status OK to a BLOCK_STATUS", ErrProtocol)
 	}
+	if sl.stage == stageWriteReady && r.Status() == blockproto.StatusOK {
+		// A WRITE_REQ's data goes only to the buffer its READY names:
+		// without one the target cannot have written it.
+		return fmt.Errorf("%w: RESPONSE with status OK to a WRITE_REQ", ErrProtocol)
+	}
 	if sl.posted && !sl.q.QP.SendGathered(&sl.mark, wrWriteCmd) {
 		// The target cannot have received a WRITE our transmitter has not
 		// gathered: the answer is forged, and the RDMA Write may still read

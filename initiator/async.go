@@ -161,8 +161,7 @@ func (c *Client) startAsync(a *asyncReq) bool {
 	}
 	sl.op, sl.flags, sl.off, sl.n, sl.token, sl.p = a.op, flags, uint64(a.off), uint32(len(a.p)), a.token, a.p
 	sl.async, sl.areq = true, *a
-	if err := sl.start(); err != nil { // the QP died; start freed the slot
-		sl.async, sl.areq, sl.p = false, asyncReq{}, nil
+	if err := sl.start(); err != nil { // the QP died; start freed the slot, which is no longer ours
 		return false
 	}
 	return true

@@ -147,8 +147,9 @@ func (sl *slot) writeWRs(stag rnic.STag, to uint64) {
 const wrWriteCmd = 2
 
 // start sends the exchange set up in the slot's fields. It fails (and
-// frees the slot) only when the QP is already dead; a failure to post
-// ends the exchange through the handler instead.
+// frees the slot, which the caller must then leave alone) only when the
+// QP is already dead; a failure to post ends the exchange through the
+// handler instead.
 func (sl *slot) start() error {
 	q := sl.q
 	sl.seq++
@@ -187,6 +188,9 @@ func (sl *slot) start() error {
 	}
 	sl.state.Store(state)
 	if q.isDead() && sl.state.CompareAndSwap(state, slotIdle) {
+		// Cleared before the slot is free: from then on another request
+		// may own it, and its caller must not write it any more.
+		sl.p, sl.async, sl.areq = nil, false, asyncReq{}
 		q.free <- sl.idx
 		return q.cause
 	}

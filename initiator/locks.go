@@ -37,12 +37,18 @@ func (c *Client) Token(ctx context.Context) (uint64, error) {
 }
 
 // TryLock takes numbered lock n if it is free; otherwise it fails with a
-// *LockedError naming the holder.
+// *LockedError naming the holder. A session without a reservation slot
+// cannot hold one (ErrNoSlot).
 func (c *Client) TryLock(ctx context.Context, n uint32) (*Lock, error) {
 	var l *Lock
 	err := c.retry(ctx, func(s *session) error {
 		if n >= s.lockCount {
 			return fmt.Errorf("%w: lock %d, the volume has %d", ErrInvalid, n, s.lockCount)
+		}
+		if s.slot > blockproto.MaxSlot {
+			// A lock word names its holder by slot: without one it would
+			// name nobody, read as free and never be cleared by the target.
+			return ErrNoSlot
 		}
 		v := blockproto.LockValue(s.slot, c.lockSeq.Add(1))
 		old, err := s.atomic(ctx, rnic.WRCmpSwap, blockproto.LockOffset(n), 0, v)

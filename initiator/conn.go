@@ -165,12 +165,19 @@ func (q *conn) takeGrant() (blockproto.GrantFields, bool) {
 	return g, true
 }
 
+// putGrant keeps a write grant from an answer (STag 0: none). The target
+// keeps at most C grants outstanding on the QP (blockproto, Write
+// grants), C its credits, so no more than C are kept: a target that
+// sends more (one with every answer, say) does not grow the list without
+// bound; the extra grants are never used.
 func (q *conn) putGrant(g blockproto.GrantFields) {
 	if g.STag == 0 {
 		return
 	}
 	q.gmu.Lock()
-	q.grants = append(q.grants, g)
+	if len(q.grants) < max(q.credits, 1) {
+		q.grants = append(q.grants, g)
+	}
 	q.gmu.Unlock()
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rnic-dev/rnic/blockproto"
 	"github.com/rnic-dev/rnic/rnic"
 	"github.com/rnic-dev/rnic/rnic/term"
 	"github.com/rnic-dev/rnic/store"
@@ -125,4 +126,30 @@ func startTarget(t *testing.T, ctx context.Context, log *slog.Logger) (string, [
 	go tg.Serve(context.Background(), l)
 	t.Cleanup(func() { tg.Shutdown(context.Background()) })
 	return l.Addr().String(), secret
+}
+
+// TestPutGrantKeepsAtMostCredits: a QP keeps no more write grants than
+// its credits, whatever its answers carry (a hostile target could send a
+// new grant with every READ's answer); a grant taken for a write and put
+// back because it was too small is kept.
+func TestPutGrantKeepsAtMostCredits(t *testing.T) {
+	q := &conn{credits: 4}
+	for i := range 100 {
+		q.putGrant(blockproto.GrantFields{STag: uint32(i + 1), Len: 4096})
+	}
+	if len(q.grants) != 4 {
+		t.Fatalf("%d grants kept after 100 answers carried one, want the 4 credits", len(q.grants))
+	}
+	g, ok := q.takeGrant()
+	if !ok {
+		t.Fatal("no grant to take")
+	}
+	q.putGrant(g)
+	if len(q.grants) != 4 {
+		t.Fatalf("%d grants after one was taken and put back, want 4", len(q.grants))
+	}
+	q.putGrant(blockproto.GrantFields{}) // STag 0: none
+	if len(q.grants) != 4 {
+		t.Fatalf("%d grants after an answer without one, want 4", len(q.grants))
+	}
 }

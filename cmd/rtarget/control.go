@@ -9,8 +9,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rnic-dev/rnic/store"
 )
@@ -94,12 +97,20 @@ func listenControl(path string, st volumeManager, log *slog.Logger) (*controlSer
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
-	ln, err := net.Listen("unix", path)
+	var ln *net.UnixListener
+	err := withUnixAddr(path, func(addr string) (err error) {
+		ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
+	// The address may name the socket through a descriptor closed by
+	// now: close removes the socket by its path.
+	ln.SetUnlinkOnClose(false)
 	if err := os.Chmod(path, 0o600); err != nil {
 		ln.Close()
+		os.Remove(path)
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
 	s := &controlServer{st: st, log: log.With("component", "control"), ln: ln, path: path, conns: map[net.Conn]struct{}{}}
@@ -230,6 +241,28 @@ func (s *controlServer) close() {
 	os.Remove(s.path)
 }
 
+// maxUnixPath is the longest path a unix socket address holds on Linux
+// (sun_path: 108 bytes with the terminating NUL).
+const maxUnixPath = 107
+
+// withUnixAddr calls f with a unix socket address for the file at path.
+// A path too long for the address (a deep --data directory, such as a
+// Kubernetes volume's mount point) is reached through a descriptor of its
+// directory, /proc/self/fd/N/NAME, which the kernel resolves as it would
+// the path; the descriptor is closed when f returns.
+func withUnixAddr(path string, f func(addr string) error) error {
+	if len(path) <= maxUnixPath {
+		return f(path)
+	}
+	dir := filepath.Dir(path)
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer unix.Close(fd)
+	return f(fmt.Sprintf("/proc/self/fd/%d/%s", fd, filepath.Base(path)))
+}
+
 // controlClient is a volumeManager that asks the daemon.
 type controlClient struct {
 	c   net.Conn
@@ -240,7 +273,11 @@ type controlClient struct {
 // dialControl connects to the daemon's control socket; it fails when no
 // daemon listens there.
 func dialControl(path string) (*controlClient, error) {
-	c, err := net.Dial("unix", path)
+	var c net.Conn
+	err := withUnixAddr(path, func(addr string) (err error) {
+		c, err = net.Dial("unix", addr)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -159,5 +160,40 @@ func TestControlCloseBesideStuckClient(t *testing.T) {
 	rest, _ := io.ReadAll(c)
 	if bytes.HasSuffix(rest, []byte("\n")) {
 		t.Fatalf("the whole response (%d bytes) was written after close", len(rest)+1)
+	}
+}
+
+// TestControlLongPath: a --data directory whose path leaves no room for
+// the socket's name in a unix socket address (108 bytes on Linux) still
+// gets its control socket, which volume commands reach, and which close
+// removes.
+func TestControlLongPath(t *testing.T) {
+	st := store.NewMemory()
+	defer st.Close()
+	if _, err := st.CreateVolume(t.Context(), "v", 1<<20, store.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), strings.Repeat("d", 60), strings.Repeat("e", 60))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, controlSocketName)
+	srv, err := listenControl(path, st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatalf("control socket at a path of %d bytes: %v", len(path), err)
+	}
+	cc, err := dialControl(path)
+	if err != nil {
+		srv.close()
+		t.Fatalf("dial the control socket at a path of %d bytes: %v", len(path), err)
+	}
+	vs, err := cc.ListVolumes(t.Context())
+	cc.close()
+	if err != nil || len(vs) != 1 || vs[0].Name != "v" {
+		t.Errorf("list through the socket: %v, %v", vs, err)
+	}
+	srv.close()
+	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("socket left after close: %v", err)
 	}
 }

@@ -356,11 +356,14 @@ func volumeImport(c *cli.Context) error {
 			return err
 		}
 		defer f.Close()
-		fi, err := f.Stat()
-		if err != nil {
-			return err
+		// The size by seeking to the end: stat says 0 for a block device.
+		size, err := f.Seek(0, io.SeekEnd)
+		if err == nil {
+			_, err = f.Seek(0, io.SeekStart)
 		}
-		size := fi.Size()
+		if err != nil {
+			return fmt.Errorf("import %s: the image's size: %w", a[1], err)
+		}
 		vol, err := st.OpenVolume(ctx, a[0])
 		if errors.Is(err, store.ErrNotFound) {
 			vsize := (size + store.BlockSize - 1) / store.BlockSize * store.BlockSize

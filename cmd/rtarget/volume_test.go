@@ -5,7 +5,9 @@ import (
 	"context"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/rnic-dev/rnic/cmd/internal/clix"
@@ -51,6 +53,57 @@ func TestVolumeImportPartialLastBlock(t *testing.T) {
 	for i := range got {
 		if got[i] != want[i] {
 			t.Fatalf("byte %d of the volume is %#x, want %#x (image of %d bytes)", i, got[i], want[i], len(content))
+		}
+	}
+}
+
+// runRtarget runs the rtarget command line args (without the program
+// name) in this process, its output discarded.
+func runRtarget(t *testing.T, args ...string) {
+	t.Helper()
+	app := newApp()
+	app.Writer, app.ErrWriter = io.Discard, io.Discard
+	if err := app.Run(clix.FlagsFirst(app, append([]string{"rtarget"}, args...))); err != nil {
+		t.Fatalf("rtarget %q: %v", args, err)
+	}
+}
+
+// TestImportBlockDevice: a block device is imported whole (its size comes
+// from the device, not from stat, which says 0): into a new volume of its
+// size, and into an existing one. As root with losetup; skipped otherwise.
+func TestImportBlockDevice(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a loop device")
+	}
+	if _, err := exec.LookPath("losetup"); err != nil {
+		t.Skip("losetup not installed")
+	}
+	dir := t.TempDir()
+	img := filepath.Join(dir, "dev.img")
+	image := bytes.Repeat([]byte{0x42}, 1<<20)
+	if err := os.WriteFile(img, image, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", img).Output()
+	if err != nil {
+		t.Skipf("losetup: %v", err)
+	}
+	loop := strings.TrimSpace(string(out))
+	t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
+
+	data := filepath.Join(dir, "data")
+	runRtarget(t, "volume", "create", "--data", data, "old", "1M")
+	for _, vol := range []string{"old", "new"} {
+		runRtarget(t, "volume", "import", "--data", data, "--progress=false", vol, loop)
+		exp := filepath.Join(dir, vol+".out")
+		runRtarget(t, "volume", "export", "--data", data, "--progress=false", vol, exp)
+		got, err := os.ReadFile(exp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, image) {
+			t.Errorf("volume %s after importing %s: %d bytes, %d of them 0x42; want the device's %d bytes of 0x42",
+				vol, loop, len(got), bytes.Count(got, []byte{0x42}), len(image))
 		}
 	}
 }

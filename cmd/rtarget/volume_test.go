@@ -107,3 +107,22 @@ func TestImportBlockDevice(t *testing.T) {
 		}
 	}
 }
+
+// TestVolumeCommandsMemoryStore: the memory store lives inside rtarget
+// serve only, and serve has no control socket for it: a volume command
+// with --store memory would act on an empty store of its own that is gone
+// when it exits, so it fails instead of reporting a change nobody sees.
+func TestVolumeCommandsMemoryStore(t *testing.T) {
+	for _, args := range [][]string{
+		{"volume", "create", "--store", "memory", "v", "1M"},
+		{"volume", "list", "--store", "memory"},
+		{"volume", "delete", "--store", "memory", "v"},
+	} {
+		app := newApp()
+		app.Writer, app.ErrWriter = io.Discard, io.Discard
+		err := app.Run(append([]string{"rtarget"}, args...))
+		if err == nil || !strings.Contains(err.Error(), "memory") {
+			t.Errorf("rtarget %q: %v, want an error about the memory store", args, err)
+		}
+	}
+}

@@ -76,6 +76,13 @@ func connect(c *cli.Context, log *slog.Logger) (*initiator.Client, error) {
 	if c.String("volume") == "" {
 		return nil, fmt.Errorf("--volume is required")
 	}
+	// The initiator takes 0 and below for its defaults: on the command
+	// line they are mistakes.
+	for _, f := range []string{"qps", "queue-depth"} {
+		if n := c.Int(f); n < 1 {
+			return nil, fmt.Errorf("--%s %d: want 1 or more", f, n)
+		}
+	}
 	secret, _, err := clix.ReadSecret(c.String("secret-file"))
 	if err != nil {
 		return nil, err

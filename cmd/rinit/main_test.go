@@ -108,3 +108,27 @@ func TestLockFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionFlagsRefuseNonPositive: --qps and --queue-depth below 1 are
+// refused as such before any connection, not replaced by the defaults
+// (the target address is one nothing listens on).
+func TestSessionFlagsRefuseNonPositive(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--qps", "0"}, "--qps 0"},
+		{[]string{"--qps", "-1"}, "--qps -1"},
+		{[]string{"--queue-depth", "0"}, "--queue-depth 0"},
+		{[]string{"--queue-depth", "-3"}, "--queue-depth -3"},
+	} {
+		app := newApp()
+		app.Writer, app.ErrWriter = io.Discard, io.Discard
+		app.ExitErrHandler = func(*cli.Context, error) {}
+		args := append([]string{"rinit", "info", "--target", "127.0.0.1:1", "--volume", "v", "--timeout", "1s"}, c.args...)
+		err := app.Run(args)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error containing %q", strings.Join(c.args, " "), err, c.want)
+		}
+	}
+}

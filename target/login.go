@@ -152,7 +152,9 @@ func (t *Target) attach(ctx context.Context, c *conn, login blockproto.Login) (*
 		t.mu.Lock()
 		s := t.sessions[login.SessionID()]
 		t.mu.Unlock()
-		if s == nil || s.name != name || s.vol.name != volName {
+		// A session still in the table may be ending (it leaves the
+		// table once torn down): it is no live session to join.
+		if s == nil || s.name != name || s.vol.name != volName || s.isEnded() {
 			return nil, refuse(blockproto.StatusNoSession, "no such session", fmt.Errorf("join %#x", login.SessionID()))
 		}
 		if err := c.setupSession(s); err != nil {

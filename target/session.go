@@ -47,6 +47,13 @@ func (t *Target) addSession(s *session) bool {
 	return true
 }
 
+// isEnded reports whether end has begun.
+func (s *session) isEnded() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ended
+}
+
 // addQP adds a logged-in QP; false if the session ended or is full. The
 // QP counts in QPsActive from here until end, which subtracts every QP
 // the session holds, whether or not its login went on to the WELCOME.
@@ -83,7 +90,8 @@ const reasonInitiatorClosed = "initiator closed the connection"
 const closeWait = time.Second
 
 // end tears the session down: every QP, then the locks and reservation
-// it held (bumping the fence), its slot, its volume reference.
+// it held (bumping the fence), its slot, its volume reference; last, it
+// takes the session out of the target's table.
 func (s *session) end(reason string) {
 	s.endOnce.Do(func() {
 		t := s.t
@@ -91,9 +99,6 @@ func (s *session) end(reason string) {
 		s.ended = true
 		qps := s.qps
 		s.mu.Unlock()
-		t.mu.Lock()
-		delete(t.sessions, s.id)
-		t.mu.Unlock()
 		// When the initiator closed a QP in order, it is leaving, and
 		// after a goodbye the target is: the QPs are closed in order
 		// (FIN both ways, not a reset, which the initiator's engine
@@ -116,6 +121,14 @@ func (s *session) end(reason string) {
 		t.m.LocksCleared.Add(uint64(cleared))
 		t.releaseVolume(s.vol)
 		t.m.SessionsActive.Add(-1)
+		// The session leaves the table only now: Shutdown ends what it
+		// finds there, and its end (endOnce) then waits for a teardown
+		// already under way, so that Shutdown returns only once every
+		// QP, CQ and PD is released and the volume reference dropped
+		// (the caller closes the device and the store next).
+		t.mu.Lock()
+		delete(t.sessions, s.id)
+		t.mu.Unlock()
 		t.log.Info("session ended", "session", s.id, "initiator", s.name, "volume", s.vol.name, "reason", reason,
 			"locks_cleared", cleared)
 	})
@@ -125,6 +138,11 @@ func (s *session) end(reason string) {
 // and closes them gracefully.
 func (s *session) goodbye(ctx context.Context, synced bool) {
 	s.mu.Lock()
+	if s.ended {
+		// Ending already (its initiator went away): end closes its QPs.
+		s.mu.Unlock()
+		return
+	}
 	qps := append([]*conn(nil), s.qps...)
 	s.mu.Unlock()
 	s.closing.Store(true)

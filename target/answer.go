@@ -94,7 +94,8 @@ func (c *conn) answer(s *slot, st blockproto.Status, value uint64, detail string
 
 // ready registers buf[head:head+n] under the slot's STag with a fresh key
 // and access acc, and sends READY naming it; the slot then waits in next
-// (slotAwaitRelease or slotAwaitWrite) under a lease.
+// (slotAwaitRelease or slotAwaitWrite) under a lease. The lease starts
+// once the Fast-Register is posted: expire posts its Invalidate behind it.
 func (c *conn) ready(s *slot, buf []byte, head, n int, acc rnic.Access, next slotState) {
 	f := blockproto.ReadyFields{Tag: blockproto.Command(s.cmd[:]).Tag()}
 	k := c.attachGrant(s, &f.Grant)
@@ -107,9 +108,15 @@ func (c *conn) ready(s *slot, buf []byte, head, n int, acc rnic.Access, next slo
 	c.sendWR(s, k+1, len(m))
 	s.mu.Lock()
 	s.buf, s.head, s.stag, s.state = buf, head, st, next
-	s.armLeaseLocked()
 	s.mu.Unlock()
 	c.post(s, k+2)
+	s.mu.Lock()
+	// The initiator may have ended the exchange already (RELEASE, or the
+	// WRITE of a WRITE_REQ): no lease then.
+	if s.state == next && s.stag == st {
+		s.armLeaseLocked()
+	}
+	s.mu.Unlock()
 }
 
 // sendData ends the slot's exchange with a DATA carrying the n bytes

@@ -8,9 +8,9 @@ import (
 	"github.com/rnic-dev/rnic/blockproto"
 )
 
-// shutdownParked reports whether a goroutine is parked in a
-// WaitGroup.Wait called from Target.Shutdown itself.
-func shutdownParked() bool {
+// goroutineWith reports whether the stack of some goroutine holds every
+// one of frames.
+func goroutineWith(frames ...string) bool {
 	buf := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(buf, true)
@@ -20,12 +20,22 @@ func shutdownParked() bool {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
+next:
 	for _, g := range bytes.Split(buf, []byte("\n\n")) {
-		if bytes.Contains(g, []byte("sync.(*WaitGroup).Wait(")) && bytes.Contains(g, []byte("target.(*Target).Shutdown(")) {
-			return true
+		for _, f := range frames {
+			if !bytes.Contains(g, []byte(f)) {
+				continue next
+			}
 		}
+		return true
 	}
 	return false
+}
+
+// shutdownParked reports whether a goroutine is parked in a
+// WaitGroup.Wait called from Target.Shutdown itself.
+func shutdownParked() bool {
+	return goroutineWith("sync.(*WaitGroup).Wait(", "target.(*Target).Shutdown(")
 }
 
 // TestCloseWaitsForEndingSession: a session whose initiator went away

@@ -41,6 +41,10 @@ type rig struct {
 	tgt  *Target
 	addr string
 	cdev *rnic.Device // the peers' RNIC
+	// via, if set, is the address peers dial instead of addr (a proxy);
+	// peerORD, if set, the ORD of their QPs (default 4).
+	via     string
+	peerORD int
 }
 
 func newRig(t *testing.T, mod func(*Config)) *rig {
@@ -157,8 +161,15 @@ func (r *rig) dial(credits, inline int) *peer { return r.dialVolume(credits, inl
 func (r *rig) dialProof(credits, inline int, vol string) (p *peer, login, challenge, proof []byte) {
 	t := r.t
 	t.Helper()
+	ord, addr := 4, r.addr
+	if r.peerORD > 0 {
+		ord = r.peerORD
+	}
+	if r.via != "" {
+		addr = r.via
+	}
 	ep, err := endpoint.New(endpoint.Config{Device: r.cdev,
-		QP:       rnic.QPConfig{SQDepth: 64, IRD: 1, ORD: 4, InboundWrite: true},
+		QP:       rnic.QPConfig{SQDepth: 64, IRD: 1, ORD: ord, InboundWrite: true},
 		Receives: credits + 2, RecvSize: blockproto.DataLen(max(inline, blockproto.MaxMessage)),
 		SendAreas: 4, SendSize: blockproto.MaxMessage})
 	if err != nil {
@@ -171,7 +182,7 @@ func (r *rig) dialProof(credits, inline int, vol string) (p *peer, login, challe
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := r.cdev.Connect(ctx, ep.QP, r.addr, rnic.ConnParams{ORD: 4, IRD: 1, LargeFPDU: true}); err != nil {
+	if _, err := r.cdev.Connect(ctx, ep.QP, addr, rnic.ConnParams{ORD: ord, IRD: 1, LargeFPDU: true}); err != nil {
 		t.Fatal(err)
 	}
 	nonce, err := blockproto.NewNonce()

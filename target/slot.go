@@ -319,6 +319,13 @@ func (s *slot) armLeaseLocked() {
 // expire revokes the buffer STag of an exchange whose lease ran out. The
 // buffer itself is kept until RELEASE (or teardown): a Read Response may
 // still be leaving it.
+//
+// The READY's Fast-Register is a work request: behind a stalled send
+// queue (an initiator that stopped reading) it may not have run yet, and
+// would make the STag valid after an Invalidate of the region alone, until
+// the RELEASE. So the STag is invalidated at once (for a Fast-Register
+// done) and by a Local Invalidate work request too, which the send queue
+// runs after the Fast-Register (ready arms the lease once that is posted).
 func (s *slot) expire() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -327,6 +334,13 @@ func (s *slot) expire() {
 	}
 	if err := s.mr.Invalidate(); err != nil {
 		s.c.log.Warn("revoking an expired buffer", "slot", s.idx, "err", err)
+		return
+	}
+	if _, err := s.c.QP.PostSend(rnic.SendWR{Op: rnic.WRInvalidate, Unsignaled: true, InvalidateSTag: s.stag}); err != nil {
+		if !s.c.isDead() {
+			s.c.log.Warn("revoking an expired buffer", "slot", s.idx, "err", err)
+		}
+		s.c.markDead()
 		return
 	}
 	s.c.t.m.LeaseExpired.Add(1)

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/rnic-dev/rnic/internal/sockio"
@@ -20,7 +19,6 @@ type conn struct {
 	cfg      *config
 	nc       net.Conn
 	br       *bufio.Reader
-	src      io.Reader // what br reads: see connReader
 	bw       *bufio.Writer
 	log      *slog.Logger
 	noZeroes bool // the client set NBD_FLAG_C_NO_ZEROES
@@ -50,12 +48,10 @@ func (cfg *config) serveConn(ctx context.Context, nc net.Conn) error {
 
 func (cfg *config) run(ctx context.Context, nc net.Conn) (*conn, error) {
 	defer nc.Close()
-	src := connReader(nc)
 	c := &conn{
 		cfg:  cfg,
 		nc:   nc,
-		br:   bufio.NewReaderSize(src, ioBufSize),
-		src:  src,
+		br:   bufio.NewReaderSize(connReader(nc), ioBufSize),
 		bw:   bufio.NewWriterSize(nc, ioBufSize),
 		log:  cfg.log.With("remote", nc.RemoteAddr().String()),
 		pool: &bufPool{},
@@ -106,60 +102,12 @@ func (c *conn) setReadDeadline(t time.Time) {
 	}
 }
 
-// connReader is what the request reader reads nc through: a sockSource
+// connReader is what the request reader reads nc through: a sockio.Reader
 // where nc allows it (no scheduler round trip per read, see package
-// sockio; and reads that need not wait), else nc itself.
+// sockio), else nc itself.
 func connReader(nc net.Conn) io.Reader {
 	if r := sockio.NewReader(nc); r != nil {
-		return &sockSource{r: r}
+		return r
 	}
 	return nc
-}
-
-// sockSource reads the client's socket for the connection's bufio.Reader.
-// While nowait is set a read takes what is there and, when nothing is,
-// fails with an error that is syscall.EAGAIN instead of waiting; an error
-// of the socket met meanwhile is kept for the next read that may wait, so
-// that bufio (which hands a fill's error out once) does not lose it.
-type sockSource struct {
-	r      *sockio.Reader
-	nowait bool
-	err    error // from a read without waiting, for the next read
-}
-
-func (s *sockSource) Read(p []byte) (int, error) {
-	if !s.nowait {
-		if err := s.err; err != nil {
-			s.err = nil
-			return 0, err
-		}
-		return s.r.Read(p)
-	}
-	if s.err != nil {
-		return 0, errWouldWait
-	}
-	n, err := s.r.TryReadVec(p, nil)
-	if err != nil && !errors.Is(err, syscall.EAGAIN) {
-		s.err, err = err, errWouldWait
-	}
-	return n, err
-}
-
-// errWouldWait is what sockSource returns without waiting when a read
-// would have to.
-var errWouldWait error = syscall.EAGAIN
-
-// fillNow reads into c.br what the socket holds, without waiting, until
-// n bytes are buffered or nothing more is there. It reports whether n
-// bytes are buffered. A connection without a sockSource, or n larger than
-// the buffer, reads nothing.
-func (c *conn) fillNow(n int) bool {
-	src, ok := c.src.(*sockSource)
-	if !ok || n > c.br.Size() {
-		return false // a large payload is read past the buffer, as ever
-	}
-	src.nowait = true
-	_, _ = c.br.Peek(n) // a shortfall ends in the would-wait error, or a kept one
-	src.nowait = false
-	return c.br.Buffered() >= n
 }

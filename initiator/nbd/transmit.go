@@ -230,20 +230,10 @@ func (t *transmission) acquire(n int64) error {
 }
 
 // mayWait ends the plug if reading n more bytes from the client may wait.
-// While other requests are in flight the client is likely sending more
-// (it has not waited for each reply), so what reached the socket since the
-// last read is taken in first, without waiting: the requests in it then
-// leave with those the plug holds, in one write to the target instead of
-// one each. With a single request in flight (a client at queue depth 1)
-// that read would find nothing, and is not made.
 func (t *transmission) mayWait(n int) {
-	if t.unplug == nil || t.c.br.Buffered() >= n {
-		return
+	if t.unplug != nil && t.c.br.Buffered() < n {
+		t.endPlug()
 	}
-	if len(t.slots) > 1 && t.c.fillNow(n) {
-		return
-	}
-	t.endPlug()
 }
 
 func (t *transmission) endPlug() {

@@ -58,6 +58,7 @@ var layers = []layer{
 	{pkg: "internal/loopfs", rank: 0, rdmaFree: true, testOnly: true},   // a small file system of a test's own
 	{pkg: "internal/vmmem", rank: 0, rdmaFree: true},                    // a VM's memory as a long-running host's, for benchmarks
 	{pkg: "internal/sockio", rank: 0, rdmaFree: true},                   // the data path's socket system calls (rnic, initiator/nbd)
+	{pkg: "internal/childproc", rank: 0, rdmaFree: true},                // daemons that die with the test or runner that started them
 }
 
 // place returns the layer of package p (a path relative to the module).

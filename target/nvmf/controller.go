@@ -270,3 +270,14 @@ func (c *controller) shutdown(ctx context.Context) error {
 	c.mu.Unlock()
 	return err
 }
+
+// hasIOQueueLocked reports whether an I/O queue (any but the admin queue,
+// QID 0) is connected. c.mu held.
+func (c *controller) hasIOQueueLocked() bool {
+	for qid := range c.queues {
+		if qid != 0 {
+			return true
+		}
+	}
+	return false
+}

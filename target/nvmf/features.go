@@ -47,6 +47,12 @@ func (c *controller) setFeatures(q *queue, sl *slot, cmd Command) {
 			err = fail(StatusInvalidField, "Number of Queues 0x%08x", v)
 			break
 		}
+		if c.hasIOQueueLocked() {
+			// NVMe Base 2.0 §5.27.1.5: once an I/O queue exists the number
+			// of queues is fixed.
+			err = fail(StatusCmdSeqError, "Number of Queues with I/O queues connected")
+			break
+		}
 		n := min(nsq, ncq, c.s.cfg.IOQueues)
 		c.ioQueues = n
 		result = numQueuesResult(n)

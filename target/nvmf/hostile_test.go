@@ -410,3 +410,23 @@ func TestSQHeadWrapsAtConnectSize(t *testing.T) {
 		}
 	}
 }
+
+// TestNumQueuesFixedOnceIOQueuesExist: Set Features Number of Queues
+// after an I/O queue was connected fails with Command Sequence Error
+// (NVMe Base 2.0 §5.27.1.5) and leaves the number granted as it was.
+func TestNumQueuesFixedOnceIOQueuesExist(t *testing.T) {
+	e := newTestEnv(t, envOpts{})
+	h := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})
+	f := CommandFields{Opcode: AdminSetFeatures}
+	f.CDW10_15[0] = FeatNumQueues
+	f.CDW10_15[1] = 3 | 3<<16 // four of each
+	if r, _, err := h.admin.do(f, cmdOpts{}); err != nil || r.status() != StatusCmdSeqError|StatusDNR {
+		t.Fatalf("Number of Queues with an I/O queue connected: %v %v, want command sequence error (DNR)", r.status(), err)
+	}
+	g := CommandFields{Opcode: AdminGetFeatures}
+	g.CDW10_15[0] = FeatNumQueues
+	r, _, err := h.admin.do(g, cmdOpts{})
+	if err != nil || r.status() != StatusSuccess || r.result() != 0 {
+		t.Fatalf("Get Features Number of Queues: %v %#x %v, want success and 0 (one of each, 0-based)", r.status(), r.result(), err)
+	}
+}

@@ -3,6 +3,7 @@ package nbd
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"testing"
 )
 
@@ -175,14 +176,21 @@ func TestHandshakeList(t *testing.T) {
 }
 
 func TestHandshakeAbort(t *testing.T) {
-	srv, _, _ := twoExports()
-	s := serve(t, srv)
-	c := dial(t, s.addr, clientFlagFixedNewstyle)
-	c.option(OptAbort, nil)
-	if r := c.optReply(); r.option != OptAbort || r.typ != RepAck {
-		t.Fatalf("abort reply %d %#x", r.option, r.typ)
+	// The specification: the server SHOULD ignore data sent with
+	// NBD_OPT_ABORT and MUST reply with NBD_REP_ACK; with data longer
+	// than the server reads for an option (maxOptionData) too.
+	for _, n := range []int{0, 3, maxOptionData + 1} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			srv, _, _ := twoExports()
+			s := serve(t, srv)
+			c := dial(t, s.addr, clientFlagFixedNewstyle)
+			c.option(OptAbort, make([]byte, n))
+			if r := c.optReply(); r.option != OptAbort || r.typ != RepAck {
+				t.Fatalf("abort with %d bytes of data: reply %d %#x, want ACK", n, r.option, r.typ)
+			}
+			s.expectEnd(t, c, nil)
+		})
 	}
-	s.expectEnd(t, c, nil)
 }
 
 func TestHandshakeUnsupportedOptions(t *testing.T) {

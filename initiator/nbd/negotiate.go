@@ -73,6 +73,12 @@ func (c *conn) negotiate() (selected, error) {
 			if _, err := io.CopyN(io.Discard, c.br, int64(length)); err != nil {
 				return selected{}, fmt.Errorf("nbd: skip option %d data: %w", id, err)
 			}
+			if id == OptAbort {
+				// ABORT's data is ignored whatever its length: the
+				// specification asks for an ACK, not an error.
+				sel, _, err := c.option(id, nil)
+				return sel, err
+			}
 			if err := c.optError(id, RepErrTooBig, "option data of %d bytes is too long", length); err != nil {
 				return selected{}, err
 			}

@@ -193,6 +193,11 @@ func runServe(c *cli.Context, given []string) (err error) {
 	}
 	defer stopProfile()
 	addr := c.String("listen")
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		// Said first: the secret check below would otherwise take a
+		// mistyped address for a non-loopback one.
+		return &clix.UsageError{Command: "rtarget serve", Err: fmt.Errorf("--listen %q: %w", addr, err)}
+	}
 	secret, haveSecret, err := clix.ReadSecret(c.String("secret-file"))
 	if err != nil {
 		return err

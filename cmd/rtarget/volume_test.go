@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -124,5 +125,18 @@ func TestVolumeCommandsMemoryStore(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "memory") {
 			t.Errorf("rtarget %q: %v, want an error about the memory store", args, err)
 		}
+	}
+}
+
+// TestServeBadListenAddress: a --listen that is no host:port is refused as
+// such, a usage error, before anything is opened; it used to be taken for
+// a non-loopback address and refused for want of --secret-file.
+func TestServeBadListenAddress(t *testing.T) {
+	app := newApp()
+	app.Writer, app.ErrWriter = io.Discard, io.Discard
+	err := app.Run([]string{"rtarget", "serve", "--store", "memory", "--volume", "v:1M", "--data", t.TempDir(), "--listen", "bogus"})
+	var ue *clix.UsageError
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), `--listen "bogus"`) {
+		t.Fatalf("serve --listen bogus: %v, want a usage error naming --listen", err)
 	}
 }

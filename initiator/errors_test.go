@@ -75,6 +75,34 @@ func fakeTarget(t *testing.T, script func(ep *endpoint.Endpoint, recv func() []b
 	return l.Addr().String()
 }
 
+// fakeLogin runs the target's side of a login for a fake target:
+// CHALLENGE, then a WELCOME of a 1 MiB volume with 4 credits and w's
+// Slot, LockSTag and LockCount, with the target's proof. It reports
+// false, after t.Error, on a failure.
+func fakeLogin(t *testing.T, recv func() []byte, send func([]byte), w blockproto.WelcomeFields) bool {
+	login := blockproto.Login(recv())
+	nonce, _ := blockproto.NewNonce()
+	challenge := bytes.Clone(blockproto.EncodeChallenge(make([]byte, blockproto.MaxMessage), &nonce))
+	send(challenge)
+	proof := blockproto.Proof(recv())
+	f := blockproto.WelcomeFields{SessionID: 7, BootID: 9, VolumeSize: 1 << 20, MaxTransfer: 1 << 20,
+		GrantSize: 64 << 10, Credits: 4, MinIO: 512, PreferredIO: 4096,
+		Slot: w.Slot, LockSTag: w.LockSTag, LockCount: w.LockCount}
+	m, err := blockproto.EncodeWelcome(make([]byte, blockproto.MaxMessage), &f)
+	if err != nil {
+		t.Error(err)
+		return false
+	}
+	tp, err := blockproto.TargetProof(testSecret, login, challenge, proof, m)
+	if err != nil {
+		t.Error(err)
+		return false
+	}
+	copy(m.TargetProof(), tp[:])
+	send(m)
+	return true
+}
+
 // TestProtocolErrorsKeepTheirCause: an initiator's protocol errors wrap
 // both ErrProtocol and the decoder's error beneath it, at login (a
 // malformed CHALLENGE) and after it (a malformed answer ends the session:
@@ -96,25 +124,9 @@ func TestProtocolErrorsKeepTheirCause(t *testing.T) {
 	})
 	t.Run("session", func(t *testing.T) {
 		addr := fakeTarget(t, func(ep *endpoint.Endpoint, recv func() []byte, send func([]byte)) {
-			login := blockproto.Login(recv())
-			nonce, _ := blockproto.NewNonce()
-			challenge := bytes.Clone(blockproto.EncodeChallenge(make([]byte, blockproto.MaxMessage), &nonce))
-			send(challenge)
-			proof := blockproto.Proof(recv())
-			w, err := blockproto.EncodeWelcome(make([]byte, blockproto.MaxMessage), &blockproto.WelcomeFields{SessionID: 7,
-				BootID: 9, VolumeSize: 1 << 20, MaxTransfer: 1 << 20, GrantSize: 64 << 10, Credits: 4, MinIO: 512,
-				PreferredIO: 4096})
-			if err != nil {
-				t.Error(err)
+			if !fakeLogin(t, recv, send, blockproto.WelcomeFields{}) {
 				return
 			}
-			tp, err := blockproto.TargetProof(testSecret, login, challenge, proof, w)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			copy(w.TargetProof(), tp[:])
-			send(w)
 			cmd := blockproto.Command(recv()) // the READ
 			var r [blockproto.ResponseFixedLen]byte
 			blockproto.EncodeResponse(r[:], &blockproto.ResponseFields{Op: blockproto.OpResponse, Tag: cmd.Tag(),

@@ -1,7 +1,6 @@
 package initiator_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"testing"
@@ -31,25 +30,9 @@ func TestTryLockWithoutSlot(t *testing.T) {
 			t.Error(err)
 			return
 		}
-		login := blockproto.Login(recv())
-		nonce, _ := blockproto.NewNonce()
-		challenge := bytes.Clone(blockproto.EncodeChallenge(make([]byte, blockproto.MaxMessage), &nonce))
-		send(challenge)
-		proof := blockproto.Proof(recv())
-		w, err := blockproto.EncodeWelcome(make([]byte, blockproto.MaxMessage), &blockproto.WelcomeFields{SessionID: 7,
-			BootID: 9, VolumeSize: 1 << 20, MaxTransfer: 1 << 20, GrantSize: 64 << 10, Credits: 4, MinIO: 512,
-			PreferredIO: 4096, Slot: blockproto.NoSlot, LockSTag: uint32(mr.STag()), LockCount: 4})
-		if err != nil {
-			t.Error(err)
+		if !fakeLogin(t, recv, send, blockproto.WelcomeFields{Slot: blockproto.NoSlot, LockSTag: uint32(mr.STag()), LockCount: 4}) {
 			return
 		}
-		tp, err := blockproto.TargetProof(testSecret, login, challenge, proof, w)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		copy(w.TargetProof(), tp[:])
-		send(w)
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/binary"
 	"io"
 	"log/slog"
@@ -13,11 +12,7 @@ import (
 
 	"github.com/pojntfx/go-nbd/pkg/protocol"
 
-	"github.com/rnic-dev/rnic/initiator"
 	"github.com/rnic-dev/rnic/initiator/nbd"
-	"github.com/rnic-dev/rnic/rnic"
-	"github.com/rnic-dev/rnic/store"
-	"github.com/rnic-dev/rnic/target"
 )
 
 // TestNBDSteadyStateAllocs counts the heap allocations of the whole data
@@ -33,51 +28,8 @@ func TestNBDSteadyStateAllocs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a target and an initiator")
 	}
-	log := slog.New(slog.DiscardHandler)
-	ctx := context.Background()
-	st := store.NewMemory()
-	defer st.Close()
-	if _, err := st.CreateVolume(ctx, "vol", 16<<20, store.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	tdev, err := rnic.Open(rnic.Config{Name: "target", Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tdev.Close()
-	secret := []byte("allocation test")
-	tg, err := target.New(target.Config{Store: st, Device: tdev, Secret: target.StaticSecret(secret), Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := tdev.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go tg.Serve(ctx, l)
-	defer tg.Close()
-	// No heartbeat: its timer and probe every 2 s are not the data path.
-	cl, err := initiator.Connect(ctx, initiator.Config{Addr: l.Addr().String(), Volume: "vol", Initiator: "allocs",
-		Secret: secret, Logger: log, HeartbeatInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	nl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, stop := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() {
-		served <- (&nbd.Server{Exports: []nbd.Export{{Name: "vol", Backend: cl, MultiConn: true}}, Logger: log}).Serve(sctx, nl)
-	}()
-	defer func() {
-		stop()
-		<-served
-	}()
-
-	c := dialExport(t, nl.Addr().String(), "vol")
+	addr := nbdStack(t, slog.New(slog.DiscardHandler))
+	c := dialExport(t, addr, "vol")
 	defer c.nc.Close()
 	data := bytes.Repeat([]byte("0123456789abcdef"), 256)
 	io1 := func() {

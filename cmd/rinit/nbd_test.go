@@ -75,6 +75,8 @@ func nbdStack(t *testing.T, log *slog.Logger) string {
 	}
 	go tg.Serve(ctx, l)
 	t.Cleanup(func() { tg.Close() })
+	// No heartbeat: its timer and probe every 2 s are not the data path
+	// (TestNBDSteadyStateAllocs counts the data path's allocations).
 	cl, err := initiator.Connect(ctx, initiator.Config{Addr: l.Addr().String(), Volume: "vol", Initiator: "nbd-test",
 		Secret: secret, Logger: log, HeartbeatInterval: -1})
 	if err != nil {

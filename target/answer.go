@@ -1,6 +1,8 @@
 package target
 
 import (
+	"time"
+
 	"github.com/rnic-dev/rnic/blockproto"
 	"github.com/rnic-dev/rnic/rnic"
 )
@@ -108,6 +110,10 @@ func (c *conn) ready(s *slot, buf []byte, head, n int, acc rnic.Access, next slo
 	c.sendWR(s, k+1, len(m))
 	s.mu.Lock()
 	s.buf, s.head, s.stag, s.state = buf, head, st, next
+	// A lease timer of an earlier exchange may fire before this one's is
+	// armed (it was stopped too late, or the test calls expire): it must
+	// find a deadline still ahead, not the last exchange's.
+	s.deadline = time.Now().Add(c.t.cfg.ReadLease)
 	s.mu.Unlock()
 	c.post(s, k+2)
 	s.mu.Lock()

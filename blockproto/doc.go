@@ -209,7 +209,12 @@
 //	                     ordering places the data and revokes the STag
 //	                     before the target sees the command. A WRITE that
 //	                     arrives without invalidating exactly its STag is a
-//	                     protocol error.
+//	                     protocol error. The target stores only bytes the
+//	                     initiator placed since the buffer was registered:
+//	                     a WRITE whose length was not placed in full from
+//	                     the buffer's first byte (one RDMA Write, or
+//	                     several in ascending order without a gap) is
+//	                     refused with StatusInvalid and stores nothing.
 //	WRITE_REQ (0x15)     offset, length: the two-step path for writes
 //	                     larger than a grant (or when the initiator has no
 //	                     grant). The target registers a buffer remote-

@@ -78,6 +78,7 @@ func (e *stagEntry) setMapping(m Memory, zeroBased bool, va uint64, maxPBL int) 
 		}
 	}
 	e.mem = newMapping(m)
+	e.placed.Store(0)
 	e.base = base
 	e.length = m.Len
 	e.zeroBased = zeroBased
@@ -139,6 +140,17 @@ func (mr *MR) STag() STag {
 	defer mr.e.mu.RUnlock()
 	return mr.e.stag()
 }
+
+// Placed returns how many bytes from the region's first byte inbound RDMA
+// Writes and Read Responses through this STag (or a window bound to it)
+// have placed without a gap since the region was last registered,
+// re-registered or fast-registered (an extension to the verbs). A target that lets a peer write a buffer before it uses the
+// buffer's contents learns from it which bytes the peer wrote, so it need
+// not clear the buffer first: segments arrive in stream order, so one
+// RDMA Write, or several in ascending order, fill a prefix; bytes placed
+// past a gap are not counted. Read it once the region can take no more
+// placement (after the peer's Send with Invalidate of it, say).
+func (mr *MR) Placed() uint64 { return mr.e.placed.Load() }
 
 // PD returns the region's protection domain.
 func (mr *MR) PD() *PD {

@@ -475,6 +475,7 @@ func (r *rxState) tagged(op rdmap.Opcode, h ddp.Tagged, payload, n int) error {
 			return r.perr(cause, ev, r.hl, n, "%s at STag %s TO 0x%x length %d%s", f, stag, to, payload, placedNote(done))
 		}
 		k, err := r.place(mp, off, uint64(payload)-done)
+		e.region().notePlaced(off, k)
 		e.mu.RUnlock()
 		done += k
 		if err != mpa.ErrWouldBlock {

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/bits"
 	"sync"
+	"sync/atomic"
 )
 
 // The STag table: one 24-bit index space shared by memory regions and memory
@@ -48,6 +49,11 @@ type stagEntry struct {
 	base      uint64 // TO of the first byte
 	length    uint64
 	zeroBased bool
+	// placed is how many bytes from the region's first byte inbound
+	// tagged placement has filled without a gap since the mapping was last
+	// set (MR.Placed). Atomic: placements hold only the read lock, and a
+	// window's hold only the window's.
+	placed atomic.Uint64
 
 	// Memory windows: the QP and region a valid window is bound to.
 	qp    *QP
@@ -179,6 +185,28 @@ func (t *stagTable) clear() {
 			e.mu.Unlock()
 		}
 	}
+}
+
+// notePlaced records that n bytes were placed at region offset off: the
+// placed prefix grows when they start inside it (or right at its end) and
+// end past it. Bytes placed beyond a gap are not counted, so the prefix
+// never claims a byte that was not placed since the mapping was set.
+func (e *stagEntry) notePlaced(off, n uint64) {
+	for {
+		p := e.placed.Load()
+		if off > p || off+n <= p || e.placed.CompareAndSwap(p, off+n) {
+			return
+		}
+	}
+}
+
+// region is the memory region whose mapping an access through e reaches:
+// e itself, or the region a window is bound to.
+func (e *stagEntry) region() *stagEntry {
+	if e.kind == kindMW {
+		return e.mr
+	}
+	return e
 }
 
 // accessFault classifies a failed tagged access; callers map it to a DDP or

@@ -33,11 +33,13 @@ func (r *rig) connOf(vol string) *conn {
 
 // TestWriteBuffersStartClean: the buffers the target advertises for
 // remote writes, a WRITE_REQ's buffer and the write grants, come from the
-// pool that READ buffers return to. A WRITE stores the whole buffer
-// whether or not the initiator RDMA-Wrote all of it, so bytes it did not
-// write must not be what the buffer last held: here another session's
-// READ of another volume, which the initiator could then read back from
-// its own volume. What an initiator did not write reads as zeros.
+// pool that READ buffers return to, so they hold what their last user left
+// there: here another session's READ of another volume, which an initiator
+// could read back from its own volume if a WRITE stored bytes it did not
+// write. The target stores only bytes the initiator placed since the
+// buffer was registered (rnic.MR.Placed): a WRITE whose data was not
+// placed in full, in order from the buffer's start, is refused with
+// StatusInvalid and stores nothing; one written in full is stored.
 func TestWriteBuffersStartClean(t *testing.T) {
 	const n = 64 << 10 // the READ buffer's pool class, the grant size
 	secret := pattern(n, 0x5A)
@@ -64,46 +66,86 @@ func TestWriteBuffersStartClean(t *testing.T) {
 		}
 		return r, leak, vol1
 	}
-	check := func(t *testing.T, vol1 store.Volume, blocks int) {
-		got := make([]byte, blocks*n)
+	// check reads vol1's first blocks*n bytes: want[i] is what piece i
+	// must hold (nil: zeros, never written).
+	check := func(t *testing.T, vol1 store.Volume, want [][]byte) {
+		t.Helper()
+		got := make([]byte, len(want)*n)
 		if err := vol1.ReadBlocks(context.Background(), 0, got); err != nil {
 			t.Fatal(err)
 		}
-		for i := range blocks {
+		for i, w := range want {
 			part := got[i*n : (i+1)*n]
 			if bytes.Equal(part, secret) {
 				t.Fatalf("vol1 at %d holds vol0's data, read by another session: the WRITE stored a stale pool buffer", i*n)
 			}
-			if !bytes.Equal(part, make([]byte, n)) {
-				t.Fatalf("vol1 at %d: bytes the initiator never wrote are not zeros", i*n)
+			if w == nil {
+				w = make([]byte, n)
+			}
+			if !bytes.Equal(part, w) {
+				t.Fatalf("vol1 at %d does not hold what the initiator wrote there (or zeros where it wrote nothing)", i*n)
 			}
 		}
 	}
-
-	t.Run("WRITE_REQ buffer", func(t *testing.T) {
-		r, leak, vol1 := setup(t)
-		p := r.dialVolume(4, 0, "vol1") // its grants are taken before the leak
-		leak()
-		b := p.ready(blockproto.OpWriteReq, 0, n, 0)
-		// No RDMA Write: the WRITE names the buffer as it is.
-		tag := p.command(blockproto.CommandFields{Op: blockproto.OpWrite, Offset: 0, Length: n, STag: b.STag}, 0, true)
-		if resp := p.response(tag); resp.Status() != blockproto.StatusOK {
-			t.Fatalf("WRITE: %s %s", resp.Status(), resp.Detail())
+	written := pattern(n, 0x33)
+	// writeAs writes what of written the case places (none, its first
+	// half, all of it) into stag at TO 0.
+	writeAs := func(p *peer, stag uint32, placed int) {
+		if placed > 0 {
+			p.rdmaWrite(stag, 0, written[:placed])
 		}
-		check(t, vol1, 1)
-	})
+	}
+	cases := []struct {
+		name   string
+		placed int
+	}{{"nothing placed", 0}, {"half placed", n / 2}, {"all placed", n}}
 
-	t.Run("write grant", func(t *testing.T) {
-		r, leak, vol1 := setup(t)
-		leak()
-		p := r.dialVolume(4, 0, "vol1") // its grants come from the pool after the leak
-		for i, g := range p.w.Grants {
-			tag := p.command(blockproto.CommandFields{Op: blockproto.OpWrite, Offset: uint64(i * n), Length: n, STag: g.STag},
-				uint16(i), true)
-			if resp := p.response(tag); resp.Status() != blockproto.StatusOK {
-				t.Fatalf("WRITE through grant %d: %s %s", i, resp.Status(), resp.Detail())
+	for _, c := range cases {
+		t.Run("WRITE_REQ buffer, "+c.name, func(t *testing.T) {
+			r, leak, vol1 := setup(t)
+			p := r.dialVolume(4, 0, "vol1") // its grants are taken before the leak
+			leak()
+			b := p.ready(blockproto.OpWriteReq, 0, n, 0)
+			writeAs(p, b.STag, c.placed)
+			tag := p.command(blockproto.CommandFields{Op: blockproto.OpWrite, Offset: 0, Length: n, STag: b.STag}, 0, true)
+			resp := p.response(tag)
+			if c.placed < n {
+				if resp.Status() != blockproto.StatusInvalid {
+					t.Fatalf("WRITE with %d of %d bytes placed: %s %q, want %s", c.placed, n, resp.Status(), resp.Detail(),
+						blockproto.StatusInvalid)
+				}
+				check(t, vol1, [][]byte{nil})
+				return
 			}
-		}
-		check(t, vol1, len(p.w.Grants))
-	})
+			if resp.Status() != blockproto.StatusOK {
+				t.Fatalf("WRITE: %s %s", resp.Status(), resp.Detail())
+			}
+			check(t, vol1, [][]byte{written})
+		})
+
+		t.Run("write grant, "+c.name, func(t *testing.T) {
+			r, leak, vol1 := setup(t)
+			leak()
+			p := r.dialVolume(4, 0, "vol1") // its grants come from the pool after the leak
+			want := make([][]byte, len(p.w.Grants))
+			for i, g := range p.w.Grants {
+				writeAs(p, g.STag, c.placed)
+				tag := p.command(blockproto.CommandFields{Op: blockproto.OpWrite, Offset: uint64(i * n), Length: n, STag: g.STag},
+					uint16(i), true)
+				resp := p.response(tag)
+				if c.placed < n {
+					if resp.Status() != blockproto.StatusInvalid {
+						t.Fatalf("WRITE through grant %d with %d of %d bytes placed: %s %q, want %s", i, c.placed, n,
+							resp.Status(), resp.Detail(), blockproto.StatusInvalid)
+					}
+					continue
+				}
+				if resp.Status() != blockproto.StatusOK {
+					t.Fatalf("WRITE through grant %d: %s %s", i, resp.Status(), resp.Detail())
+				}
+				want[i] = written
+			}
+			check(t, vol1, want)
+		})
+	}
 }

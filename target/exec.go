@@ -3,6 +3,7 @@ package target
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 
 	"github.com/rnic-dev/rnic/blockproto"
@@ -188,10 +189,6 @@ func (c *conn) doWriteReq(s *slot, m blockproto.Command) {
 	if err != nil {
 		return
 	}
-	// The WRITE stores these bytes whether or not the initiator wrote
-	// them all, and a pooled buffer holds what its last user left there
-	// (another session's READ of another volume, say).
-	clear(buf[head : head+uint64(n)])
 	s.reqOff, s.reqLen = off, n
 	c.t.m.TwoStepWrites.Add(1)
 	c.ready(s, buf, int(head), int(n), rnic.LocalWrite|rnic.RemoteWrite, slotAwaitWrite)
@@ -200,6 +197,7 @@ func (c *conn) doWriteReq(s *slot, m blockproto.Command) {
 func (c *conn) doWrite(s *slot, m blockproto.Command) {
 	off, n := m.Offset(), m.Length()
 	st := c.checkIO(off, n, c.t.cfg.MaxTransfer)
+	detail := ""
 	var buf, pooled []byte
 	g := s.grant
 	s.grant = nil
@@ -208,6 +206,8 @@ func (c *conn) doWrite(s *slot, m blockproto.Command) {
 		case st != blockproto.StatusOK:
 		case int(n) > len(g.buf):
 			st = blockproto.StatusInvalid
+		case g.mr.Placed() < uint64(n):
+			st, detail = blockproto.StatusInvalid, notPlaced(g.mr.Placed(), n)
 		case off%blk == 0 && n%blk == 0:
 			buf = g.buf
 		default: // unaligned: move the data to its place among whole blocks
@@ -225,11 +225,15 @@ func (c *conn) doWrite(s *slot, m blockproto.Command) {
 		pooled, s.buf = s.buf, nil
 		s.mu.Unlock()
 		buf = pooled
-		if st == blockproto.StatusOK && (off != s.reqOff || n != s.reqLen) {
+		switch {
+		case st != blockproto.StatusOK:
+		case off != s.reqOff || n != s.reqLen:
 			st = blockproto.StatusInvalid
+		case s.mr.Placed() < uint64(n):
+			st, detail = blockproto.StatusInvalid, notPlaced(s.mr.Placed(), n)
 		}
 	}
-	var chk mutationCheck
+	chk := mutationCheck{status: st, detail: detail}
 	if st == blockproto.StatusOK {
 		chk = c.storeWrite(s, off, buf, int(n), m.FUA(), m.Token())
 		st = chk.status
@@ -247,6 +251,14 @@ func (c *conn) doWrite(s *slot, m blockproto.Command) {
 	}
 	c.t.m.done(OpWrite, s.began, st != blockproto.StatusOK)
 	c.answer(s, st, chk.value, chk.detail)
+}
+
+// notPlaced is the detail of a WRITE refused because its buffer does not
+// hold n bytes the initiator placed: a pooled buffer holds what its last
+// user left there (another session's READ of another volume, say), so
+// only bytes placed since the buffer was registered are ever stored.
+func notPlaced(placed uint64, n uint32) string {
+	return fmt.Sprintf("the WRITE's data was not placed in full: %d of %d bytes written in order from the buffer's start", placed, n)
 }
 
 func (c *conn) noteMutation(st blockproto.Status) {

@@ -45,9 +45,6 @@ func (gt *grantTable) setup(c *conn, n, size int) error {
 			break
 		}
 		gt.bytes += int64(size)
-		// A WRITE stores the grant's bytes whether or not the initiator
-		// wrote them all: none may be left from the buffer's last user.
-		clear(buf[:size])
 		mr, err := c.AllocSTag(true)
 		if err != nil {
 			t.pool.Put(buf)

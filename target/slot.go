@@ -272,7 +272,8 @@ func (c *conn) writeHere(s *slot) bool {
 	off, n := m.Offset(), m.Length()
 	g := s.grant
 	if m.Op() != blockproto.OpWrite || g == nil || m.FUA() || n == 0 || n > maxHere || int(n) > len(g.buf) ||
-		off%blk != 0 || n%blk != 0 || c.checkIO(off, n, c.t.cfg.MaxTransfer) != blockproto.StatusOK {
+		g.mr.Placed() < uint64(n) || off%blk != 0 || n%blk != 0 ||
+		c.checkIO(off, n, c.t.cfg.MaxTransfer) != blockproto.StatusOK {
 		return false
 	}
 	vol := c.sess.vol

@@ -49,11 +49,14 @@ type options struct {
 	benchDir string
 	cpus     int
 	quick    bool
+	// interleave is "job" (every job on every system in turn) or
+	// "system" (every job on one system, then the next system).
+	interleave string
 }
 
 func main() {
 	var o options
-	flag.IntVar(&o.reps, "reps", 3, "repetitions of every (system, job), interleaved system by system")
+	flag.IntVar(&o.reps, "reps", 3, "repetitions of every (system, job), interleaved (see -interleave)")
 	flag.IntVar(&o.runtime, "runtime", 4, "seconds per fio job (after the ramp)")
 	flag.IntVar(&o.ramp, "ramp", 1, "fio ramp_time seconds")
 	flag.StringVar(&o.region, "region", "256m", "bytes of the export the jobs use (fio size=)")
@@ -65,10 +68,16 @@ func main() {
 	flag.BoolVar(&o.micro, "micro", true, "run the Go micro-benchmarks")
 	flag.BoolVar(&o.profile, "profile", true, "profile rinit and rtarget under 4K random reads")
 	flag.IntVar(&o.cpus, "cpus", -1, "--cpus of rinit and rtarget in the rnic-memory and rnic-thin systems (-1: not passed, their default)")
+	flag.StringVar(&o.interleave, "interleave", "job", "job: all systems run at once and each job runs on every system in turn "+
+		"(the runs a ratio compares are seconds apart); system: each system runs alone through every job, then the next")
 	flag.BoolVar(&o.quick, "quick", false, "only what the data path's targets need: "+strings.Join(quickSystems, ", ")+
 		" on "+strings.Join(quickJobs, ", ")+", 3 repetitions of 3 s (after a 1 s ramp), the engine micro-benchmark pairs; "+
 		"prints the target table (results in a temporary directory unless -out is given)")
 	flag.Parse()
+	if o.interleave != "job" && o.interleave != "system" {
+		fmt.Fprintf(os.Stderr, "runner: -interleave %q: want job or system\n", o.interleave)
+		os.Exit(2)
+	}
 	if o.quick {
 		set := map[string]bool{}
 		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -179,21 +188,18 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	}
 	host, _ := os.Hostname()
 	rep := report{Started: time.Now().UTC(), Host: host, CPUs: numCPU(), Load: [2]string{loadavg()}, CPUIdle: cpuIdle(),
-		Options: fmt.Sprintf("reps=%d runtime=%ds ramp=%ds region=%s size=%s, rinit and rtarget %s", o.reps, o.runtime,
-			o.ramp, o.region, o.size, cpusText(o.cpus)),
+		Options: fmt.Sprintf("reps=%d runtime=%ds ramp=%ds region=%s size=%s interleave=%s, rinit and rtarget %s", o.reps,
+			o.runtime, o.ramp, o.region, o.size, o.interleave, cpusText(o.cpus)),
 		Versions: versions()}
 
 	for r := 1; r <= o.reps; r++ {
-		for _, sys := range systems {
-			log.Info("system", "name", sys.name, "rep", r)
-			res, rss, idle, err := runSystem(ctx, sys, jobs, r, o, work, log)
-			if err != nil {
-				return fmt.Errorf("%s rep %d: %w", sys.name, r, err)
-			}
-			rep.Results = append(rep.Results, res...)
-			rep.RSS = append(rep.RSS, rss...)
-			rep.Idle = append(rep.Idle, idle...)
+		res, rss, idle, err := runRep(ctx, systems, jobs, r, o, work, log)
+		if err != nil {
+			return err
 		}
+		rep.Results = append(rep.Results, res...)
+		rep.RSS = append(rep.RSS, rss...)
+		rep.Idle = append(rep.Idle, idle...)
 	}
 	rep.Load[1] = loadavg()
 	b, _ := json.MarshalIndent(rep, "", "  ")
@@ -459,63 +465,160 @@ func fio(ctx context.Context, jobFile, uri string, o options) (Result, error) {
 	return r, err // err: the job reported an error (r says which)
 }
 
-func runSystem(ctx context.Context, sys system, jobs []string, rep int, o options, work string, log *slog.Logger) ([]Result, []RSS, []Idle, error) {
+// running is a system started for a repetition: its processes and URI.
+type running struct {
+	sys   system
+	procs []*proc
+	uri   string
+	dir   string
+}
+
+func (r *running) stop() {
+	for i := len(r.procs) - 1; i >= 0; i-- {
+		r.procs[i].stop()
+	}
+	r.procs = nil
+	os.RemoveAll(r.dir)
+}
+
+// startSystem starts sys in a directory of its own under work and fills
+// its benchmark region. The caller stops it (also after an error).
+func startSystem(ctx context.Context, sys system, o options, work string) (*running, error) {
 	dir, err := os.MkdirTemp(work, sys.name)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
-	defer os.RemoveAll(dir)
 	procs, uri, err := sys.start(dir, work, nil)
-	defer func() {
-		for i := len(procs) - 1; i >= 0; i-- {
-			procs[i].stop()
-		}
-	}()
+	r := &running{sys: sys, procs: procs, uri: uri, dir: dir}
 	if err != nil {
-		return nil, nil, nil, err
+		return r, err
 	}
 	if _, err := fio(ctx, filepath.Join(o.jobsDir, "fill.fio"), uri, o); err != nil {
-		return nil, nil, nil, fmt.Errorf("fill: %w", err)
+		return r, fmt.Errorf("%s: fill: %w", sys.name, err)
 	}
-	var out []Result
-	for _, j := range jobs {
-		cpu0 := cpuSeconds(procs)
-		busy0, idle0 := hostTicks()
-		r, err := fio(ctx, filepath.Join(o.jobsDir, j+".fio"), uri, o)
+	return r, nil
+}
+
+// runJob runs one fio job against a started system and measures the CPU
+// its processes used and the host's idle share meanwhile.
+func runJob(ctx context.Context, rs *running, job string, rep int, o options, log *slog.Logger) (Result, error) {
+	cpu0 := cpuSeconds(rs.procs)
+	busy0, idle0 := hostTicks()
+	r, err := fio(ctx, filepath.Join(o.jobsDir, job+".fio"), rs.uri, o)
+	if err != nil {
+		return r, fmt.Errorf("%s rep %d: %w", rs.sys.name, rep, err)
+	}
+	if busy1, idle1 := hostTicks(); busy1+idle1 > busy0+idle0 {
+		r.HostIdle = 100 * float64(idle1-idle0) / float64(busy1+idle1-busy0-idle0)
+	}
+	// I/Os over the ramp too, at the measured rate: the CPU time
+	// covers the whole fio run.
+	if ios := (r.ReadIOPS + r.WriteIOPS) * float64(o.runtime+o.ramp); ios > 0 {
+		r.CPUus = (cpuSeconds(rs.procs) - cpu0) / ios * 1e6
+	}
+	r.System, r.Job, r.Rep = rs.sys.name, job, rep
+	log.Info("fio", "system", rs.sys.name, "job", job, "rep", rep, "read_iops", int(r.ReadIOPS), "write_iops", int(r.WriteIOPS),
+		"read_MBps", int(r.ReadMBps), "write_MBps", int(r.WriteMBps), "cpu_us_per_io", int(r.CPUus),
+		"host_idle_percent", int(r.HostIdle))
+	return r, nil
+}
+
+// oursAtRest records the peak RSS of our processes and the CPU they use
+// logged in with nothing to do (their pollers must park, not spin).
+func oursAtRest(rs *running, rep int, log *slog.Logger) ([]RSS, []Idle) {
+	var rss []RSS
+	for _, p := range rs.procs {
+		rss = append(rss, RSS{System: rs.sys.name, Rep: rep, Proc: p.name, PeakKB: p.peakKB()})
+	}
+	const idleFor = 2 * time.Second
+	time.Sleep(500 * time.Millisecond) // past the last job's tail
+	cpu0 := cpuSeconds(rs.procs)
+	time.Sleep(idleFor)
+	pct := (cpuSeconds(rs.procs) - cpu0) / idleFor.Seconds() * 100
+	log.Info("idle", "system", rs.sys.name, "rep", rep, "cpu_percent", pct)
+	return rss, []Idle{{System: rs.sys.name, Rep: rep, CPUPercent: pct}}
+}
+
+// runRep runs repetition rep of every job on every system.
+//
+// By job (the default): every system is started and filled first, then
+// each job runs on every system in turn before the next job, the
+// systems' order rotated from one repetition to the next. The runs a
+// ratio compares are then seconds apart, not the minute a system's whole
+// series of jobs takes, so the host's drift (on these shared machines
+// IOPS move by tens of percent within minutes) barely enters the
+// ratios. The systems not being measured are idle, logged in and
+// holding their memory.
+//
+// By system: each system runs alone, started, filled, run through every
+// job and stopped before the next starts.
+func runRep(ctx context.Context, systems []system, jobs []string, rep int, o options, work string,
+	log *slog.Logger) (res []Result, rss []RSS, idle []Idle, err error) {
+	var up []*running
+	defer func() {
+		for _, rs := range up {
+			rs.stop()
+		}
+	}()
+	start := func(sys system) (*running, error) {
+		log.Info("system", "name", sys.name, "rep", rep)
+		rs, err := startSystem(ctx, sys, o, work)
+		if rs != nil {
+			up = append(up, rs)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s rep %d: %w", sys.name, rep, err)
+		}
+		return rs, nil
+	}
+	atRest := func(rs *running) {
+		if rs.sys.ours {
+			r, i := oursAtRest(rs, rep, log)
+			rss, idle = append(rss, r...), append(idle, i...)
+		}
+	}
+	if o.interleave == "system" {
+		for _, sys := range systems {
+			rs, err := start(sys)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			for _, j := range jobs {
+				r, err := runJob(ctx, rs, j, rep, o, log)
+				if err != nil {
+					return nil, nil, nil, err
+				}
+				res = append(res, r)
+			}
+			atRest(rs)
+			rs.stop()
+			up = up[:0]
+		}
+		return res, rss, idle, nil
+	}
+	var order []*running
+	for _, sys := range systems {
+		rs, err := start(sys)
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		if busy1, idle1 := hostTicks(); busy1+idle1 > busy0+idle0 {
-			r.HostIdle = 100 * float64(idle1-idle0) / float64(busy1+idle1-busy0-idle0)
-		}
-		// I/Os over the ramp too, at the measured rate: the CPU time
-		// covers the whole fio run.
-		if ios := (r.ReadIOPS + r.WriteIOPS) * float64(o.runtime+o.ramp); ios > 0 {
-			r.CPUus = (cpuSeconds(procs) - cpu0) / ios * 1e6
-		}
-		r.System, r.Job, r.Rep = sys.name, j, rep
-		log.Info("fio", "system", sys.name, "job", j, "rep", rep, "read_iops", int(r.ReadIOPS), "write_iops", int(r.WriteIOPS),
-			"read_MBps", int(r.ReadMBps), "write_MBps", int(r.WriteMBps), "cpu_us_per_io", int(r.CPUus),
-			"host_idle_percent", int(r.HostIdle))
-		out = append(out, r)
+		order = append(order, rs)
 	}
-	var rss []RSS
-	var idle []Idle
-	if sys.ours {
-		for _, p := range procs {
-			rss = append(rss, RSS{System: sys.name, Rep: rep, Proc: p.name, PeakKB: p.peakKB()})
+	k := (rep - 1) % len(order)
+	order = append(order[k:], order[:k]...)
+	for _, j := range jobs {
+		for _, rs := range order {
+			r, err := runJob(ctx, rs, j, rep, o, log)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			res = append(res, r)
 		}
-		// The session stays logged in with nothing to do: its pollers
-		// must park, not spin.
-		const idleFor = 2 * time.Second
-		time.Sleep(500 * time.Millisecond) // past the last job's tail
-		cpu0 := cpuSeconds(procs)
-		time.Sleep(idleFor)
-		pct := (cpuSeconds(procs) - cpu0) / idleFor.Seconds() * 100
-		idle = append(idle, Idle{System: sys.name, Rep: rep, CPUPercent: pct})
-		log.Info("idle", "system", sys.name, "rep", rep, "cpu_percent", pct)
 	}
-	return out, rss, idle, nil
+	for _, rs := range order {
+		atRest(rs)
+	}
+	return res, rss, idle, nil
 }
 
 // system is one block service under test, reachable at an NBD URI.

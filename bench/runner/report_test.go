@@ -65,3 +65,27 @@ func TestCPUIdle(t *testing.T) {
 		t.Fatalf("haltpoll without its poll time: %q", got)
 	}
 }
+
+// TestTargetTableRepRatios: a target's row gives the ratio of the medians
+// and, in repetition order, ours/peer within each repetition; a
+// repetition the peer did not run gives no ratio.
+func TestTargetTableRepRatios(t *testing.T) {
+	job := "randread-4k-qd16"
+	rep := report{Results: []Result{
+		{System: ours, Job: job, Rep: 2, ReadIOPS: 300, CPUus: 10},
+		{System: twoHops, Job: job, Rep: 2, ReadIOPS: 100, CPUus: 20},
+		{System: ours, Job: job, Rep: 1, ReadIOPS: 200, CPUus: 12},
+		{System: twoHops, Job: job, Rep: 1, ReadIOPS: 200, CPUus: 24},
+		{System: ours, Job: job, Rep: 3, ReadIOPS: 250, CPUus: 11},
+	}}
+	got := targetTable(rep)
+	want := "| 4K randread QD16 | nbdkit-proxy | 250 IOPS | 150 IOPS | 1.67x | 1.00, 3.00 | >= 2x | **no** |\n"
+	if !strings.Contains(got, want) {
+		t.Fatalf("table:\n%s\nwant the row:\n%s", got, want)
+	}
+	if strings.Contains(got, nbdkitMemoryRow) {
+		t.Fatalf("a row for a peer that did not run:\n%s", got)
+	}
+}
+
+const nbdkitMemoryRow = "| nbdkit-memory |"

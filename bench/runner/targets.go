@@ -58,12 +58,54 @@ var targets = []target{
 	{"CPU per I/O, 4K randread QD1", qd1Job, oneHop, "cpu", 2.5, true},
 }
 
+// value is what target t measures in one run.
+func (t target) value(r Result) float64 {
+	switch t.metric {
+	case "p50":
+		return r.ClatUs["50"]
+	case "cpu":
+		return r.CPUus
+	}
+	return metric(t.job, r)
+}
+
+// repRatios are ours/peer of t within each repetition that ran both, in
+// repetition order.
+func repRatios(rep report, t target) []float64 {
+	o, p := map[int]float64{}, map[int]float64{}
+	for _, r := range rep.Results {
+		if r.Job != t.job {
+			continue
+		}
+		switch r.System {
+		case ours:
+			o[r.Rep] = t.value(r)
+		case t.peer:
+			p[r.Rep] = t.value(r)
+		}
+	}
+	var reps []int
+	for k := range o {
+		reps = append(reps, k)
+	}
+	sort.Ints(reps)
+	var out []float64
+	for _, k := range reps {
+		if o[k] > 0 && p[k] > 0 {
+			out = append(out, o[k]/p[k])
+		}
+	}
+	return out
+}
+
 // targetTable renders the targets as a markdown table from the medians of
-// rep; targets whose job or systems did not run are left out.
+// rep, with the range of the ratios within single repetitions (how much
+// the host moved them); targets whose job or systems did not run are left
+// out.
 func targetTable(rep report) string {
 	med, cpu, lat := medians(rep), cpuMedians(rep), latencyMedians(rep, qd1Job)
 	var b strings.Builder
-	b.WriteString("| Target | vs | Ours | Peer | Ratio | Goal | Met |\n|---|---|---|---|---|---|---|\n")
+	b.WriteString("| Target | vs | Ours | Peer | Ratio | Per repetition | Goal | Met |\n|---|---|---|---|---|---|---|---|\n")
 	for _, t := range targets {
 		var o, p float64
 		var u string
@@ -84,8 +126,12 @@ func targetTable(rep report) string {
 		if t.atMost {
 			met, cmp = r <= t.goal, "<="
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s %s | %s %s | %.2fx | %s %.2gx | %s |\n", t.what, t.peer, num(o), u, num(p), u, r,
-			cmp, t.goal, yesNo(met))
+		var per []string
+		for _, x := range repRatios(rep, t) {
+			per = append(per, strconv.FormatFloat(x, 'f', 2, 64))
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s %s | %s %s | %.2fx | %s | %s %.2gx | %s |\n", t.what, t.peer, num(o), u, num(p), u, r,
+			strings.Join(per, ", "), cmp, t.goal, yesNo(met))
 	}
 	return b.String()
 }

@@ -1,10 +1,13 @@
 package rnic
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/rnic-dev/rnic/internal/rawpeer"
 	"github.com/rnic-dev/rnic/rnic/rdmap"
+	"github.com/rnic-dev/rnic/rnic/term"
 )
 
 // TestSendZeroLengthFirstSegment: a Send whose first segment carries no
@@ -34,5 +37,103 @@ func TestSendZeroLengthFirstSegment(t *testing.T) {
 	}
 	if st := tt.qp.State(); st != StateRTS {
 		t.Fatalf("QP in %s after two well-formed Sends", st)
+	}
+}
+
+// TestSendSegmentsDisagree: every segment of an untagged message carries
+// its first segment's RsvdULP (RFC 5041 §4.3), that is, for RDMAP, its
+// opcode and, for a Send with Invalidate, its Invalidate STag. A later
+// segment that names another opcode is refused as an invalid opcode (RFC
+// 5040 §7.2 step 2: Remote Operation / Unexpected OpCode, 0/2/0x06), one
+// that names another Invalidate STag as an invalid Invalidate STag (step
+// 4: Remote Protection / Invalid STag, 0/1/0x00). The Terminate echoes the
+// bad segment's DDP header; its payload is not placed, no STag is
+// invalidated and the receive does not complete successfully.
+func TestSendSegmentsDisagree(t *testing.T) {
+	cases := []struct {
+		name          string
+		first, second rdmap.Opcode
+		// inv names the STags the two segments carry: the target's
+		// regions "w" and "va" (both remotely invalidatable).
+		inv1, inv2 string
+		cause      term.Cause
+		ev         EventType
+	}{
+		{name: "send-then-send-se", first: rdmap.OpSend, second: rdmap.OpSendSE,
+			cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedOpcode},
+		{name: "send-se-then-send", first: rdmap.OpSendSE, second: rdmap.OpSend,
+			cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedOpcode},
+		{name: "send-then-send-inv", first: rdmap.OpSend, second: rdmap.OpSendInv, inv2: "w",
+			cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedOpcode},
+		{name: "send-inv-then-send-se-inv", first: rdmap.OpSendInv, second: rdmap.OpSendSEInv, inv1: "w", inv2: "w",
+			cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedOpcode},
+		{name: "send-then-immediate", first: rdmap.OpSend, second: rdmap.OpImmediate,
+			cause: remoteOp(term.OpUnexpectedOpcode), ev: EventUnexpectedOpcode},
+		{name: "send-inv-stag-changes", first: rdmap.OpSendInv, second: rdmap.OpSendInv, inv1: "w", inv2: "va",
+			cause: prot(term.ProtInvalidSTag), ev: EventInvalidSTag},
+		{name: "send-se-inv-stag-changes", first: rdmap.OpSendSEInv, second: rdmap.OpSendSEInv, inv1: "va", inv2: "w",
+			cause: prot(term.ProtInvalidSTag), ev: EventInvalidSTag},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tt := newTermTarget(t, QPConfig{InboundRead: true, InboundWrite: true}, 1, 64)
+			mrs := map[string]*MR{"w": tt.w, "va": tt.va}
+			stag := func(name string) uint32 {
+				if name == "" {
+					return 0
+				}
+				return uint32(mrs[name].STag())
+			}
+			p := tt.dial(t, rawpeer.Options{CRC: true})
+			msn := p.NextMSN(rdmap.QNSend)
+			sendULPDU(t, p, p.Untagged(tc.first, false, stag(tc.inv1), rdmap.QNSend, msn, 0, []byte("ab")))
+			payload := []byte("cd")
+			if tc.second == rdmap.OpImmediate {
+				payload = []byte("cdefghij")
+			}
+			bad := sendULPDU(t, p, p.Untagged(tc.second, true, stag(tc.inv2), rdmap.QNSend, msn, 2, payload))
+			tm, _, err := p.ReadTerminate(10 * time.Second)
+			if err != nil {
+				var valid []string
+				for name, mr := range mrs {
+					info, _ := mr.Query()
+					valid = append(valid, fmt.Sprintf("%s valid=%v", name, info.Valid))
+				}
+				t.Fatalf("no Terminate (%v); QP %s, receive completions %+v, %s", err, tt.qp.State(), drainCQ(tt.rcq), valid)
+			}
+			if tm.Cause != tc.cause {
+				t.Fatalf("Terminate cause %s, want %s (%x)", tm.Cause, tc.cause, tm.Raw)
+			}
+			checkEcho(t, termCase{}, tm, bad)
+			closeWrite(p.Conn)
+			if err := p.WaitClosed(5 * time.Second); err != nil {
+				t.Errorf("target did not close after its Terminate: %v", err)
+			}
+			tt.waitState(StateError)
+			if ev := tt.waitEvent(tc.ev); ev.Terminate == nil || ev.Terminate.Cause != tc.cause {
+				t.Errorf("event %+v", ev)
+			}
+			wcs := drainCQ(tt.rcq)
+			if len(wcs) != 1 || wcs[0].Status == StatusSuccess {
+				t.Fatalf("receive completions %+v, want one unsuccessful", wcs)
+			}
+			recv := tt.bufs["recv"]
+			if string(recv[:2]) != "ab" {
+				t.Errorf("the first segment's payload was not placed: %x", recv[:2])
+			}
+			for i, v := range recv[2:] {
+				if v != sentinel {
+					t.Fatalf("the bad segment was placed: receive buffer changed at offset %d: %#x", 2+i, v)
+				}
+			}
+			delete(tt.bufs, "recv")
+			tt.untouched(t)
+			for name, mr := range mrs {
+				if info, err := mr.Query(); err != nil || !info.Valid {
+					t.Errorf("region %s invalidated: %+v %v", name, info, err)
+				}
+			}
+		})
 	}
 }

@@ -38,6 +38,12 @@ type rxState struct {
 	recv       recvWQE
 	recvActive bool
 	recvTotal  uint64
+	// recvOp and recvInv are the opcode and Invalidate STag field of the
+	// first segment of the message in progress: every later segment must
+	// carry the same (RFC 5041 §4.3: all segments of a message hold the
+	// same RsvdULP).
+	recvOp  rdmap.Opcode
+	recvInv uint32
 
 	act      rxAction
 	sawFirst bool
@@ -526,8 +532,11 @@ func (r *rxState) send(op rdmap.Opcode, h ddp.Untagged, payload, n int) error {
 	// its MO is 0: a message's first segments may carry no payload, and
 	// the segment after them, at MO 0 again, continues it (taking a
 	// receive WQE for it would lose the one the message holds).
-	cont := r.recvActive
-	if !cont {
+	if r.recvActive {
+		if err := r.sameMessage(op, h, n); err != nil {
+			return err
+		}
+	} else {
 		if h.MO() != 0 {
 			return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedInvalidMO},
 				EventRQInvalidMSN, r.hl, n, "continuation with no message in progress")
@@ -546,9 +555,12 @@ func (r *rxState) send(op rdmap.Opcode, h ddp.Untagged, payload, n int) error {
 			return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedNoBuffer},
 				EventRQInvalidMSN, r.hl, n, "%s with no receive posted (MSN %d)", op, h.MSN())
 		}
+		r.recvOp, r.recvInv = op, h.RsvdULP1()
 	}
 	if op == rdmap.OpImmediate || op == rdmap.OpImmediateSE {
-		if payload != rdmap.ImmediateLen || !h.Last() || cont {
+		// Immediate Data is one whole segment: it never leaves a message
+		// in progress, so sameMessage refuses one that would continue one.
+		if payload != rdmap.ImmediateLen || !h.Last() {
 			return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnspecified},
 				EventProtocolError, r.hl, n, "Immediate Data of %d bytes", payload)
 		}
@@ -583,6 +595,28 @@ func (r *rxState) send(op rdmap.Opcode, h ddp.Untagged, payload, n int) error {
 		if op.HasInvalidate() {
 			r.act.inv, r.act.hasInv = STag(h.RsvdULP1()), true
 		}
+	}
+	return nil
+}
+
+// sameMessage checks that a segment continuing the message in progress
+// carries that message's opcode and, for a Send with Invalidate, its
+// Invalidate STag. RFC 5041 §4.3 makes every segment of a message hold the
+// same RsvdULP but gives DDP no error for a segment that does not: RDMAP,
+// which reads those bytes, refuses it. Another opcode is not a valid one
+// for the segment (RFC 5040 §7.2 step 2): Remote Operation / Unexpected
+// OpCode. Another Invalidate STag is not the message's, so not a valid
+// Invalidate STag (step 4): Remote Protection / Invalid STag. Either way
+// the segment is not placed and the message never completes.
+func (r *rxState) sameMessage(op rdmap.Opcode, h ddp.Untagged, n int) error {
+	if op != r.recvOp {
+		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnexpectedOpcode},
+			EventUnexpectedOpcode, r.hl, n, "%s segment continues a %s (MSN %d)", op, r.recvOp, h.MSN())
+	}
+	if op.HasInvalidate() && h.RsvdULP1() != r.recvInv {
+		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteProtection, Code: term.ProtInvalidSTag},
+			EventInvalidSTag, r.hl, n, "%s segment names Invalidate STag %s, its message %s (MSN %d)",
+			op, STag(h.RsvdULP1()), STag(r.recvInv), h.MSN())
 	}
 	return nil
 }

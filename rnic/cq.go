@@ -34,6 +34,10 @@ type CQ struct {
 	// mirrors direct != nil for lock-free checks.
 	direct    func() bool
 	hasDirect atomic.Bool
+	// deferredFire: a completion deferred to the direct handler (pushHeld)
+	// met the armed notification when it was queued; if the handler
+	// declines, the notification fires for it (runDirect).
+	deferredFire bool
 	// drv is the one attached stream whose QP uses this CQ alone, whose
 	// receive Wait may drive (drive.go); nil when there is none.
 	drv atomic.Pointer[conn]
@@ -345,6 +349,9 @@ func (cq *CQ) pushHeld(wc WC, qp *QP, rx *rxState) bool {
 	cq.tailA.Store(cq.tail)
 	fire := cq.armed == notifyNext || (cq.armed == notifySolicited && (wc.Solicited || wc.Status != StatusSuccess))
 	if rx != nil && cq.direct != nil {
+		if fire {
+			cq.deferredFire = true
+		}
 		cq.mu.Unlock()
 		rx.deferTo(cq) // the direct handler takes it at the batch's end
 		return true
@@ -406,20 +413,27 @@ func (cq *CQ) SetDirectHandler(fn func() bool) {
 	}
 }
 
-// runDirect calls the direct handler at the end of a receive batch, or
-// fires the notification the batch's completions deferred.
+// runDirect calls the direct handler at the end of a receive batch, or,
+// if it declines, fires the notification the batch's completions deferred:
+// only if one of them met the arming when it was queued, as push would
+// have fired it (an unsolicited completion does not fire a CQ armed for
+// solicited ones). A completion deferred by another stream's batch after
+// the handler was called is that batch's to notify, unless this one fires.
 func (cq *CQ) runDirect() {
 	cq.mu.Lock()
 	fn := cq.direct
+	due := cq.deferredFire
+	cq.deferredFire = false
 	cq.mu.Unlock()
 	if fn != nil && fn() {
 		return
 	}
 	cq.mu.Lock()
-	fire := cq.armed != notifyNone && cq.tail != cq.head
+	fire := cq.armed != notifyNone && (due || cq.deferredFire)
 	var h HandlerID
 	if fire {
 		cq.armed = notifyNone
+		cq.deferredFire = false
 		h = cq.handler
 	}
 	cq.mu.Unlock()

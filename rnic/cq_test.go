@@ -3,6 +3,7 @@ package rnic
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -47,20 +48,81 @@ func TestCQOverflowTwice(t *testing.T) {
 	overflow(2)
 }
 
-// TestCQNotify: one-shot arming. "Solicited" fires only for a solicited
-// receive; once fired it stays quiet until re-armed; "next" fires on any
-// completion. The channel is the notification; nobody polls meanwhile.
+// TestCQNotify: one-shot arming (checkArming), and a completion handler
+// instead of the channel.
 func TestCQNotify(t *testing.T) {
-	var bRecv *MR
-	a, b := newPair(t, pairOpts{}, func(a, b *side) {
+	a, b, bRecv := notifyPair(t)
+	checkArming(t, a, b)
+	// A handler instead of the channel.
+	called := make(chan *CQ, 1)
+	id, err := b.dev.SetCompletionHandler(0, func(cq *CQ) { called <- cq })
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = id
+	cq2, err := b.dev.CreateCQ(4, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cq2.RequestNotify(false); err != nil {
+		t.Fatal(err)
+	}
+	qp, err := b.pd.CreateQP(QPConfig{SendCQ: cq2, RecvCQ: cq2, SQDepth: 4, RQDepth: 4, MaxSendSGE: 1, MaxRecvSGE: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := qp.PostRecv(RecvWR{ID: 1, SGL: []SGE{{STag: bRecv.STag(), Len: 8}}}); err != nil {
+		t.Fatal(err)
+	}
+	qp.Modify(StateError, ModifyAttrs{}) // flushes the receive: a completion
+	select {
+	case cq := <-called:
+		if cq != cq2 {
+			t.Fatal("handler called for another CQ")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("completion handler not called")
+	}
+}
+
+// TestCQNotifySolicitedDirectDeclines: a CQ whose direct handler declines
+// the completions of each receive batch (as when another goroutine is
+// polling) notifies as a CQ without one (checkArming): armed for
+// solicited completions only, an unsolicited receive does not fire it.
+func TestCQNotifySolicitedDirectDeclines(t *testing.T) {
+	a, b, _ := notifyPair(t)
+	var declined atomic.Int32
+	b.rcq.SetDirectHandler(func() bool {
+		declined.Add(1)
+		return false
+	})
+	checkArming(t, a, b)
+	if declined.Load() == 0 {
+		t.Fatal("the direct handler never ran")
+	}
+}
+
+// notifyPair connects a to b, with 8 receives of 64 bytes posted on b.
+func notifyPair(t *testing.T) (a, b *side, bRecv *MR) {
+	a, b = newPair(t, pairOpts{}, func(a, b *side) {
 		bRecv, _ = b.reg(64, LocalWrite)
 		for i := uint64(1); i <= 8; i++ {
 			b.postRecv(i, bRecv, 64)
 		}
 	})
+	return a, b, bRecv
+}
+
+// checkArming checks one-shot arming on b's receive CQ as a sends: armed
+// for "solicited" it fires only for a solicited receive; once fired it
+// stays quiet until re-armed; armed for "next" it fires on any completion.
+// The channel is the notification; nobody polls meanwhile.
+func checkArming(t *testing.T, a, b *side) {
+	t.Helper()
 	// settle waits until b's receiver is done with everything a sent so
-	// far, notification included, and checks that n completions are queued
-	// (not polled).
+	// far, the end of its batch (direct handler, notification) included
+	// (it sends the Read Response after that), and checks that n
+	// completions are queued (not polled).
 	settle := func(n int) {
 		t.Helper()
 		a.roundTrip()
@@ -96,36 +158,6 @@ func TestCQNotify(t *testing.T) {
 	}
 	if got := drainCQ(b.rcq); len(got) != 4 || got[1].Solicited != true || got[0].Solicited {
 		t.Fatalf("completions %+v", got)
-	}
-	// A handler instead of the channel.
-	called := make(chan *CQ, 1)
-	id, err := b.dev.SetCompletionHandler(0, func(cq *CQ) { called <- cq })
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = id
-	cq2, err := b.dev.CreateCQ(4, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cq2.RequestNotify(false); err != nil {
-		t.Fatal(err)
-	}
-	qp, err := b.pd.CreateQP(QPConfig{SendCQ: cq2, RecvCQ: cq2, SQDepth: 4, RQDepth: 4, MaxSendSGE: 1, MaxRecvSGE: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := qp.PostRecv(RecvWR{ID: 1, SGL: []SGE{{STag: bRecv.STag(), Len: 8}}}); err != nil {
-		t.Fatal(err)
-	}
-	qp.Modify(StateError, ModifyAttrs{}) // flushes the receive: a completion
-	select {
-	case cq := <-called:
-		if cq != cq2 {
-			t.Fatal("handler called for another CQ")
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("completion handler not called")
 	}
 }
 

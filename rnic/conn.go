@@ -104,7 +104,9 @@ type conn struct {
 	rxDone   chan struct{}
 	mode     atomic.Int32
 
-	// failed and termOut are set once, by the first error (under qp.mu).
+	// failed is set once (under qp.mu), by the stream's first error: a
+	// local one (fail), with termOut the Terminate to send, or the peer's
+	// Terminate (rxState.terminateReceived), which gets none in reply.
 	failed  bool
 	termOut *rdmap.TerminateFields
 	aborted atomic.Bool
@@ -322,7 +324,10 @@ func (c *conn) setMode(m txMode) {
 // fail records the first error of the stream: the QP moves to Terminate and
 // the transmitter sends f as a Terminate at the next segment boundary, then
 // closes. ev (if non-zero) is raised as an affiliated asynchronous event;
-// errors already reported in a completion pass 0.
+// errors already reported in a completion pass 0. An error after the first,
+// or after the peer's Terminate arrived, changes nothing: the QP keeps the
+// Terminate it recorded, and a received Terminate is never answered (draft
+// T11).
 func (c *conn) fail(f rdmap.TerminateFields, ev EventType, detail error) {
 	qp := c.qp
 	qp.mu.Lock()

@@ -1043,6 +1043,7 @@ func (r *rxState) terminateReceived(f rdmap.TerminateFields) {
 	qp := r.qp
 	c := r.c
 	qp.mu.Lock()
+	c.failed = true // a local error from now on sends no Terminate (conn.fail)
 	qp.term, qp.termSent = &f, false
 	if qp.state == StateRTS || qp.state == StateClosing {
 		qp.setStateLocked(StateTerminate)

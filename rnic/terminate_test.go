@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"math"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -782,4 +783,89 @@ func TestTerminateBlamesTheRightWR(t *testing.T) {
 			t.Fatalf("misaligned atomic %+v", wc)
 		}
 	})
+}
+
+// TestNoTerminateAfterTerminateReceived: a local fault between the receipt
+// of the peer's Terminate and the end of the stream sends no Terminate of
+// ours (the draft's T11: a received Terminate gets no reply) and leaves
+// the peer's as the QP's Terminate (Query QP: received, not sent).
+//
+// The fault is a Send whose SGE names no region. It is posted under a
+// Plug while the test holds the transmitter's lock, so that nothing takes
+// it early. The peer sends a Send and its Terminate in one write: the
+// receive reads both in one batch and moves the QP to Terminate, and at
+// the batch's end (still before it ends the stream) runs the receive CQ's
+// direct handler for the Send's completion. That handler releases the
+// transmitter and unplugs: the bad Send fails there, in the window.
+func TestNoTerminateAfterTerminateReceived(t *testing.T) {
+	tt := newTermTarget(t, QPConfig{InboundRead: true, InboundWrite: true}, 1, 64)
+	p := tt.dial(t, rawpeer.Options{CRC: true})
+	// The Responder's transmitter is running once its Read Response is
+	// here.
+	sendULPDU(t, p, p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 1}))
+	if _, err := p.ReadULPDU(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	c := tt.stream()
+	c.txMu.Lock()
+	var unlock sync.Once
+	release := func() { unlock.Do(c.txMu.Unlock) }
+	t.Cleanup(release)
+	tt.qp.Plug()
+	tt.post(SendWR{ID: 9, Op: WRSend, SGL: []SGE{{STag: 0x00BAD001, Len: 8}}})
+	var once sync.Once
+	var inWindow QPState
+	tt.rcq.SetDirectHandler(func() bool {
+		once.Do(func() {
+			inWindow = tt.qp.State()
+			release()
+			tt.qp.Unplug()
+			// The bad Send fails now (here, inline, or on the transmit
+			// goroutine), unless the transmitter has stopped.
+			for deadline := time.Now().Add(10 * time.Second); tt.scq.Len() == 0 && time.Now().Before(deadline); {
+				select {
+				case <-c.txDone:
+					return
+				case <-time.After(100 * time.Microsecond):
+				}
+			}
+			// The window stays open until the transmitter has done what
+			// the fault made it do: the pass that failed the Send is over
+			// once its lock is free, and a stream set to send a Terminate
+			// sends it and stops.
+			c.txMu.Lock()
+			c.txMu.Unlock()
+			if txMode(c.mode.Load()) == txTerminate {
+				select {
+				case <-c.txDone:
+				case <-time.After(10 * time.Second):
+				}
+			}
+		})
+		return true
+	})
+	peerCause := remoteOp(term.OpUnspecified)
+	body := rdmap.AppendTerminate(nil, &rdmap.TerminateFields{Cause: peerCause})
+	tu := p.Untagged(rdmap.OpTerminate, true, 0, rdmap.QNTerminate, p.NextMSN(rdmap.QNTerminate), 0, body)
+	if err := p.SendRaw(append(p.Frame(p.SendMsg(rdmap.OpSend, 0, []byte("x"))), p.Frame(tu)...)); err != nil {
+		t.Fatal(err)
+	}
+	tm, _, err := p.ReadTerminate(10 * time.Second)
+	closeWrite(p.Conn)
+	tt.waitState(StateError)
+	if inWindow != StateTerminate {
+		t.Fatalf("the direct handler ran in %s, not in Terminate: the Send and the Terminate were read in two batches", inWindow)
+	}
+	if err == nil {
+		t.Errorf("a Terminate (%s) answered the peer's", tm.Cause)
+	} else if err != rawpeer.ErrNoTerminate {
+		t.Errorf("reading the stream: %v", err)
+	}
+	if info := tt.qp.Query(); info.Terminate == nil || info.TerminateSent || info.Terminate.Cause != peerCause {
+		t.Errorf("Query QP: Terminate %+v sent=%v, want the peer's (%s) received", info.Terminate, info.TerminateSent, peerCause)
+	}
+	if wcs := drainCQ(tt.scq); len(wcs) != 1 || wcs[0].ID != 9 || wcs[0].Status == StatusSuccess {
+		t.Errorf("send completions %+v, want WR 9 in error", wcs)
+	}
+	tt.waitEvent(EventTerminateReceived)
 }

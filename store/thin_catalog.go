@@ -386,11 +386,14 @@ func (b *thinBackend) listVolumes(ctx context.Context) ([]VolumeInfo, error) {
 func (b *thinBackend) stat(ctx context.Context, txn *badger.Txn, rec *thinRecord, all []*thinRecord) (VolumeInfo, error) {
 	info := b.describe(txn, rec)
 	if rec.Kind == KindRaw {
-		n, err := rawAllocated(rec.RawPath)
+		// One volume's missing file must not fail the listing of all the
+		// others (and with it rtarget serve's start and /healthz).
+		size, n, err := rawStat(rec.RawPath)
 		if err != nil {
-			return VolumeInfo{}, err
+			info.Size, info.Unavailable = 0, err.Error()
+			return info, nil
 		}
-		info.Allocated, info.Exclusive = n, n
+		info.Size, info.Allocated, info.Exclusive = size, n, n
 		return info, nil
 	}
 	latest := rec.latest()

@@ -97,12 +97,16 @@ func ensureVolumes(ctx context.Context, st store.Store, specs []volumeSpec, log 
 		return nil, fmt.Errorf("list volumes: %w", err)
 	}
 	sizes := map[string]int64{}
+	unavailable := map[string]bool{}
 	for _, v := range have {
 		sizes[v.Name] = v.Size
+		unavailable[v.Name] = v.Unavailable != ""
 	}
 	for _, s := range specs {
 		if cur, ok := sizes[s.name]; ok {
-			if cur != s.size {
+			// An unavailable volume's size is unknown (serve logs it as
+			// unavailable).
+			if cur != s.size && !unavailable[s.name] {
 				log.Warn("volume exists with another size: keeping it as it is (volumes are never resized or recreated)",
 					"volume", s.name, "size", clix.FormatSize(cur), "asked", clix.FormatSize(s.size))
 			}
@@ -275,6 +279,12 @@ func runServe(c *cli.Context, given []string) (err error) {
 	vols, _ := st.ListVolumes(ctx)
 	names := make([]string, 0, len(vols))
 	for _, v := range vols {
+		if v.Unavailable != "" {
+			log.Warn("volume unavailable: logins to it fail until its file or device is back",
+				"volume", v.Name, "path", v.RawPath, "err", v.Unavailable)
+			names = append(names, v.Name+"(unavailable)")
+			continue
+		}
 		names = append(names, fmt.Sprintf("%s(%s)", v.Name, clix.FormatSize(v.Size)))
 	}
 	log.Info("serving", "listen", l.Addr().String(), "store", c.String("store"), "volumes", strings.Join(names, ","))

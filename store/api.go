@@ -79,8 +79,9 @@ type CreateOptions struct {
 	// is: block n of the volume is bytes n*BlockSize of the file. The size
 	// argument of CreateVolume must then be 0 (the volume's size is the
 	// file's, rounded down to a whole block) or equal to it. Raw volumes
-	// have no snapshots (ErrNotSupported); deleting one forgets it and
-	// leaves the file alone.
+	// have no snapshots (ErrNotSupported) and keep their file's size (a
+	// resize to another size: ErrNotSupported); deleting one forgets it
+	// and leaves the file alone.
 	Raw string
 }
 

@@ -260,8 +260,9 @@
 // pwrite, Flush is fdatasync, Trim and WriteZeroes punch holes
 // (fallocate; zeros written where that is not supported), BlockStatus
 // comes from SEEK_DATA/SEEK_HOLE. Its size is the file's, read when it is
-// listed or opened; it has no snapshots (ErrNotSupported); deleting it
-// forgets it and leaves the file. A raw volume whose file is gone
+// listed or opened; it has no snapshots (ErrNotSupported), and a resize
+// succeeds only to that size, changing nothing; deleting it forgets it and
+// leaves the file. A raw volume whose file is gone
 // (deleted, the device detached) is listed as unavailable
 // (VolumeInfo.Unavailable) beside the other volumes, and opening it fails
 // naming its path. Its fdatasyncs run one at a time, shared by the flushes that wait for

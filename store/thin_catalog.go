@@ -676,7 +676,16 @@ func (b *thinBackend) resizeVolume(ctx context.Context, info VolumeInfo, size in
 		return err
 	}
 	if rec.Kind == KindRaw {
-		return fmt.Errorf("a raw volume has its file's size: %w", ErrNotSupported)
+		// Its size is its file's: a resize to that size changes nothing
+		// and succeeds, as one of a thin volume to its size does.
+		cur, _, err := rawStat(rec.RawPath)
+		if err != nil {
+			return fmt.Errorf("a raw volume has its file's size, unknown now: %w: %w", ErrNotSupported, err)
+		}
+		if size != cur {
+			return fmt.Errorf("a raw volume has its file's size, %d bytes: %w", cur, ErrNotSupported)
+		}
+		return nil
 	}
 	if err := b.checkThinSize(size); err != nil {
 		return err

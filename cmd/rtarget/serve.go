@@ -57,7 +57,7 @@ func serveCommand() *cli.Command {
 			if c.IsSet("volume") {
 				given = append([]string(nil), c.StringSlice("volume")...)
 			}
-			return clix.LoadConfig(c)
+			return clix.LoadSharedConfig(c)
 		},
 		Action: func(c *cli.Context) error { return runServe(c, given) },
 	}

@@ -88,8 +88,9 @@ type controlServer struct {
 	path string
 	wg   sync.WaitGroup
 
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
+	mu      sync.Mutex
+	conns   map[net.Conn]struct{}
+	closing bool // close has ended the connections in conns
 }
 
 // listenControl listens on path. The caller holds the store, so a socket
@@ -99,10 +100,15 @@ func listenControl(path string, st volumeManager, log *slog.Logger) (*controlSer
 	if err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
+	return serveControl(ln, path, st, log), nil
+}
+
+// serveControl answers the connections ln accepts; close removes path.
+func serveControl(ln net.Listener, path string, st volumeManager, log *slog.Logger) *controlServer {
 	s := &controlServer{st: st, log: log.With("component", "control"), ln: ln, path: path, conns: map[net.Conn]struct{}{}}
 	s.wg.Add(1)
 	go s.accept()
-	return s, nil
+	return s
 }
 
 func (s *controlServer) accept() {
@@ -116,6 +122,14 @@ func (s *controlServer) accept() {
 			return
 		}
 		s.mu.Lock()
+		if s.closing {
+			// Accepted before close stopped the listener, but after it
+			// ended the connections it knew of: nothing would end this
+			// one's reads.
+			s.mu.Unlock()
+			c.Close()
+			continue
+		}
 		s.conns[c] = struct{}{}
 		s.mu.Unlock()
 		s.wg.Add(1)
@@ -215,10 +229,13 @@ func (s *controlServer) do(ctx context.Context, req controlRequest) controlRespo
 // close stops accepting, ends the connections and removes the socket. A
 // connection's reads and writes both end: a client that stopped reading
 // in the middle of a response would otherwise hold its write, and so the
-// daemon's exit, for ever. A request being run finishes first.
+// daemon's exit, for ever. A request being run finishes first. A
+// connection accepted while close runs is closed by the accept loop
+// (closing).
 func (s *controlServer) close() {
 	s.ln.Close()
 	s.mu.Lock()
+	s.closing = true
 	for c := range s.conns {
 		c.SetDeadline(time.Now())
 	}

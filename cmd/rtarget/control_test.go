@@ -283,3 +283,59 @@ func TestControlSocketNeverOpenToOthers(t *testing.T) {
 		t.Errorf("rtarget serve exited with status %d after SIGTERM", status)
 	}
 }
+
+// heldListener holds each connection it accepts: it says so on accepted
+// and hands it on only once release is closed.
+type heldListener struct {
+	net.Listener
+	accepted, release chan struct{}
+}
+
+func (l *heldListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.accepted <- struct{}{}
+		<-l.release
+	}
+	return c, err
+}
+
+// TestControlCloseBesideConnectionJustAccepted: a connection accepted just
+// before close, which the accept loop had not handed to a goroutine of its
+// own yet when close ended the connections it knew of, is ended too: close
+// does not wait for ever on its idle client.
+func TestControlCloseBesideConnectionJustAccepted(t *testing.T) {
+	st := store.NewMemory()
+	defer st.Close()
+	path := filepath.Join(t.TempDir(), "rtarget.sock")
+	inner, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &heldListener{Listener: inner, accepted: make(chan struct{}), release: make(chan struct{})}
+	srv := serveControl(l, path, st, slog.New(slog.DiscardHandler))
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	<-l.accepted
+	closed := make(chan struct{})
+	go func() {
+		srv.close()
+		close(closed)
+	}()
+	// Time for close to stop the listener and end the connections it
+	// knows of, before the accept loop goes on with this one.
+	time.Sleep(100 * time.Millisecond)
+	close(l.release)
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("close still waits, 10 s on, for an idle connection accepted just before it")
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("read on the connection after close: %v, want EOF (the daemon ended it)", err)
+	}
+}

@@ -31,7 +31,8 @@ func serveCommand() *cli.Command {
 		&cli.BoolFlag{Name: "insecure", Usage: "allow a non-loopback listener without a secret", EnvVars: []string{"RTARGET_INSECURE"}},
 		&cli.StringFlag{Name: "metrics-listen", Usage: "serve Prometheus /metrics, /healthz and Go's /debug/pprof/ on this HTTP address",
 			EnvVars: []string{"RTARGET_METRICS_LISTEN"}},
-		&cli.DurationFlag{Name: "drain-timeout", Value: 30 * time.Second, Usage: "on SIGTERM, how long to wait for requests in flight",
+		&cli.DurationFlag{Name: "drain-timeout", Value: 30 * time.Second, Usage: "on SIGTERM, how long to wait for requests in " +
+			"flight; those still running then are cut off, and serve exits with status 1 once the store is synced",
 			EnvVars: []string{"RTARGET_DRAIN_TIMEOUT"}},
 	}
 	flags = append(flags, nvmfFlags()...)
@@ -47,7 +48,8 @@ func serveCommand() *cli.Command {
 		Description: "Opens the store, creates the listed volumes that do not exist yet, and serves every volume of the\n" +
 			"store. The list is the --volume flags (or RTARGET_VOLUME) plus the volume lines of --config, a name\n" +
 			"listed twice counting once (the first: the command line's, then the file's in order).\n" +
-			"SIGTERM or SIGINT drain requests in flight and sync the store; SIGHUP re-reads the volume lines of\n" +
+			"SIGTERM or SIGINT drain requests in flight and sync the store; requests still in flight after\n" +
+			"--drain-timeout are cut off, and the exit status is then 1. SIGHUP re-reads the volume lines of\n" +
 			"--config and creates the volumes newly listed. serve never resizes, recreates or deletes a volume.\n" +
 			"With --nvmf-listen, every volume is also served over NVMe/RDMA as namespace 1 of subsystem\n" +
 			"nqn.2026-11.dev.rnic:NAME, for the Linux kernel's nvme-rdma host (nvme discover / nvme connect -t rdma);\n" +
@@ -302,18 +304,27 @@ func runServe(c *cli.Context, given []string) (err error) {
 			}
 			log.Info("draining", "signal", sig.String(), "timeout", c.Duration("drain-timeout"))
 			dctx, cancel := context.WithTimeout(context.Background(), c.Duration("drain-timeout"))
-			var err error
+			var drainErr error
 			if nsrv != nil {
-				err = nsrv.Shutdown(dctx)
+				drainErr = nsrv.Shutdown(dctx)
 			}
-			err = errors.Join(err, t.Shutdown(dctx))
+			drainErr = errors.Join(drainErr, t.Shutdown(dctx))
 			cancel()
 			l.Close()
-			if err != nil {
-				log.Error("drain incomplete", "err", err)
+			if drainErr != nil {
+				log.Error("drain incomplete", "err", drainErr)
 			}
 			if err := st.Sync(context.Background()); err != nil {
+				if drainErr != nil {
+					return fmt.Errorf("sync: %w (after the drain incomplete: %w)", err, drainErr)
+				}
 				return fmt.Errorf("sync: %w", err)
+			}
+			if drainErr != nil {
+				// Requests were cut off unanswered: not a clean stop, which
+				// the exit status says (systemd marks the unit failed).
+				log.Info("stopped: store synced, drain incomplete")
+				return fmt.Errorf("drain incomplete (the store is synced): %w", drainErr)
 			}
 			log.Info("stopped: store synced")
 			return nil

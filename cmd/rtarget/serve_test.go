@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -15,6 +18,7 @@ import (
 
 	"github.com/rnic-dev/rnic/cmd/internal/clix"
 	"github.com/rnic-dev/rnic/initiator"
+	"github.com/rnic-dev/rnic/internal/loopfs"
 )
 
 // TestServeRawVolumeGone: a raw volume whose file was deleted takes only
@@ -94,5 +98,92 @@ func TestServeRawVolumeGone(t *testing.T) {
 	}
 	if status := d.stop(syscall.SIGTERM, 30*time.Second); status != 0 {
 		t.Errorf("rtarget serve exited with status %d after SIGTERM, want 0", status)
+	}
+}
+
+// threadsWaiting counts the threads of process pid in uninterruptible
+// sleep (state D), where a write to a frozen file system waits.
+func threadsWaiting(t *testing.T, pid int) int {
+	t.Helper()
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, p := range tasks {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue // the thread ended
+		}
+		// pid (comm) state ...: comm may hold spaces and parentheses.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && bytes.HasPrefix(b[i+1:], []byte(" D")) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestServeDrainIncompleteExitStatus: SIGTERM while a write cannot finish
+// within --drain-timeout (the store's file system frozen under it) ends
+// rtarget serve with status 1 once the store is synced, so that systemd
+// and scripts can tell the stop from a clean one; the log says why.
+func TestServeDrainIncompleteExitStatus(t *testing.T) {
+	mnt := loopfs.Ext4(t, 256<<20)
+	if _, err := exec.LookPath("fsfreeze"); err != nil {
+		t.Skip("fsfreeze not installed (util-linux)")
+	}
+	d := startServe(t, "--data", filepath.Join(mnt, "data"), "--volume", "v:16M", "--listen", "127.0.0.1:0",
+		"--reserve", "4M", "--drain-timeout", "500ms")
+	served := d.waitLog("msg=serving")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := initiator.Connect(ctx, initiator.Config{Addr: logValue(served, "listen"), Volume: "v", Initiator: "test",
+		Secret: []byte(clix.InsecureSecret), Logger: slog.New(slog.DiscardHandler), NoReconnect: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, 64<<10)
+	if err := c.WriteAt(ctx, buf, 0, true); err != nil {
+		t.Fatal(err)
+	}
+	freeze := func(how string) error {
+		out, err := exec.Command("fsfreeze", how, mnt).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("fsfreeze %s: %w: %s", how, err, out)
+		}
+		return nil
+	}
+	if err := freeze("-f"); err != nil {
+		t.Fatal(err)
+	}
+	// Thawed before the daemon is killed (cleanups run last first): a
+	// process waiting on a frozen file system does not die.
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			if err := freeze("-u"); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(thaw)
+	before := threadsWaiting(t, d.cmd.Process.Pid)
+	go c.WriteAt(ctx, buf, 0, false) // waits in rtarget's write to the frozen file
+	for deadline := time.Now().Add(20 * time.Second); threadsWaiting(t, d.cmd.Process.Pid) <= before; {
+		if time.Now().After(deadline) {
+			t.Fatal("no thread of rtarget serve waits on the frozen file system 20 s after the write")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	d.waitLog("msg=draining")
+	time.Sleep(time.Second) // past --drain-timeout, the write still waiting
+	thaw()
+	status := d.stop(syscall.SIGTERM, 60*time.Second)
+	d.waitLog("level=ERROR", `msg="drain incomplete"`)
+	if status != 1 {
+		t.Errorf("rtarget serve exited with status %d after a drain that did not finish, want 1", status)
 	}
 }

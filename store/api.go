@@ -35,7 +35,7 @@ const (
 type VolumeInfo struct {
 	Name    string            // unique within its Store; "VOL@SNAP" for a snapshot opened read-only
 	ID      uint32            // assigned at creation, never reused, stable across restarts
-	Size    int64             // bytes, a positive multiple of BlockSize
+	Size    int64             // bytes, a positive multiple of BlockSize (raw: the file's now; 0 if Unavailable)
 	Created time.Time         // creation time (UTC)
 	Meta    map[string]string // caller-defined, stored with the volume
 
@@ -52,6 +52,14 @@ type VolumeInfo struct {
 	Allocated int64
 	Exclusive int64
 	Snapshots []SnapshotInfo // oldest first
+
+	// Unavailable is why the volume cannot be opened now, "" when it can:
+	// a raw volume whose file or device is gone (deleted, or the device
+	// detached) or holds no whole block. StatVolume and ListVolumes
+	// describe such a volume rather than fail; its Size, Allocated and
+	// Exclusive are then 0 (unknown), and OpenVolume fails naming the
+	// path. It comes back as it was once its file does.
+	Unavailable string
 }
 
 // SnapshotInfo describes a snapshot of a volume.
@@ -71,8 +79,9 @@ type CreateOptions struct {
 	// is: block n of the volume is bytes n*BlockSize of the file. The size
 	// argument of CreateVolume must then be 0 (the volume's size is the
 	// file's, rounded down to a whole block) or equal to it. Raw volumes
-	// have no snapshots (ErrNotSupported); deleting one forgets it and
-	// leaves the file alone.
+	// have no snapshots (ErrNotSupported) and keep their file's size (a
+	// resize to another size: ErrNotSupported); deleting one forgets it
+	// and leaves the file alone.
 	Raw string
 }
 

@@ -259,9 +259,13 @@
 // block n is bytes n*4096 of the file, read and written with pread and
 // pwrite, Flush is fdatasync, Trim and WriteZeroes punch holes
 // (fallocate; zeros written where that is not supported), BlockStatus
-// comes from SEEK_DATA/SEEK_HOLE. Its size is the file's; it has no
-// snapshots (ErrNotSupported); deleting it forgets it and leaves the file.
-// Its fdatasyncs run one at a time, shared by the flushes that wait for
+// comes from SEEK_DATA/SEEK_HOLE. Its size is the file's, read when it is
+// listed or opened; it has no snapshots (ErrNotSupported), and a resize
+// succeeds only to that size, changing nothing; deleting it forgets it and
+// leaves the file. A raw volume whose file is gone
+// (deleted, the device detached) is listed as unavailable
+// (VolumeInfo.Unavailable) beside the other volumes, and opening it fails
+// naming its path. Its fdatasyncs run one at a time, shared by the flushes that wait for
 // one (N concurrent FUA writes cost about two), and Store.Sync and the
 // close of its last handle sync what it was written since. After an
 // fdatasync failed, it refuses writes and flushes until the store is

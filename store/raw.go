@@ -114,34 +114,47 @@ func rawFileSize(f *os.File) (int64, error) {
 	default:
 		return 0, fmt.Errorf("raw: %s is neither a regular file nor a block device: %w", f.Name(), ErrInvalid)
 	}
-	size -= size % BlockSize
-	if size <= 0 {
-		return 0, fmt.Errorf("raw: %s holds no whole block: %w", f.Name(), ErrInvalid)
-	}
-	return size, nil
+	return wholeBlocks(f.Name(), size)
 }
 
-// rawAllocated returns the bytes a raw file occupies on disk (a device:
-// its size). A device is opened without O_EXCL: while the volume is served
-// its handle holds the exclusive claim, and an exclusive open would fail
-// (EBUSY), failing the listing of every volume with it.
-func rawAllocated(path string) (int64, error) {
+// wholeBlocks returns the n bytes of raw file name rounded down to a
+// whole block; a file holding none cannot be a volume.
+func wholeBlocks(name string, n int64) (int64, error) {
+	n -= n % BlockSize
+	if n <= 0 {
+		return 0, fmt.Errorf("raw: %s holds no whole block: %w", name, ErrInvalid)
+	}
+	return n, nil
+}
+
+// rawStat returns the size of a raw volume's file or device in whole
+// blocks, as an open would serve it, and the bytes it occupies on disk (a
+// device: its size). A device is opened without O_EXCL: while the volume is
+// served its handle holds the exclusive claim, and an exclusive open would
+// fail (EBUSY). An error (the file deleted, the device detached) makes the
+// volume unavailable, not its store: see VolumeInfo.Unavailable.
+func rawStat(path string) (size, allocated int64, err error) {
 	fi, err := os.Stat(path)
 	if err != nil {
-		return 0, fmt.Errorf("raw: %w", err)
+		return 0, 0, fmt.Errorf("raw: %w", err)
 	}
 	if !fi.Mode().IsRegular() {
 		f, err := os.Open(path)
 		if err != nil {
-			return 0, fmt.Errorf("raw: %w", err)
+			return 0, 0, fmt.Errorf("raw: %w", err)
 		}
 		defer f.Close()
-		return rawFileSize(f)
+		size, err := rawFileSize(f)
+		return size, size, err
 	}
+	if size, err = wholeBlocks(path, fi.Size()); err != nil {
+		return 0, 0, err
+	}
+	allocated = fi.Size()
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return st.Blocks * 512, nil
+		allocated = st.Blocks * 512
 	}
-	return fi.Size(), nil
+	return size, allocated, nil
 }
 
 // rawDevice is an open raw volume, shared by its handles.

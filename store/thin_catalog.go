@@ -386,11 +386,14 @@ func (b *thinBackend) listVolumes(ctx context.Context) ([]VolumeInfo, error) {
 func (b *thinBackend) stat(ctx context.Context, txn *badger.Txn, rec *thinRecord, all []*thinRecord) (VolumeInfo, error) {
 	info := b.describe(txn, rec)
 	if rec.Kind == KindRaw {
-		n, err := rawAllocated(rec.RawPath)
+		// One volume's missing file must not fail the listing of all the
+		// others (and with it rtarget serve's start and /healthz).
+		size, n, err := rawStat(rec.RawPath)
 		if err != nil {
-			return VolumeInfo{}, err
+			info.Size, info.Unavailable = 0, err.Error()
+			return info, nil
 		}
-		info.Allocated, info.Exclusive = n, n
+		info.Size, info.Allocated, info.Exclusive = size, n, n
 		return info, nil
 	}
 	latest := rec.latest()
@@ -673,7 +676,16 @@ func (b *thinBackend) resizeVolume(ctx context.Context, info VolumeInfo, size in
 		return err
 	}
 	if rec.Kind == KindRaw {
-		return fmt.Errorf("a raw volume has its file's size: %w", ErrNotSupported)
+		// Its size is its file's: a resize to that size changes nothing
+		// and succeeds, as one of a thin volume to its size does.
+		cur, _, err := rawStat(rec.RawPath)
+		if err != nil {
+			return fmt.Errorf("a raw volume has its file's size, unknown now: %w: %w", ErrNotSupported, err)
+		}
+		if size != cur {
+			return fmt.Errorf("a raw volume has its file's size, %d bytes: %w", cur, ErrNotSupported)
+		}
+		return nil
 	}
 	if err := b.checkThinSize(size); err != nil {
 		return err

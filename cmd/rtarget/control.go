@@ -22,7 +22,8 @@ import (
 // volume commands reach it through a unix socket (in a thin store's --data
 // directory, rtarget.sock), one JSON request per line and one JSON response
 // per line, any number on one connection. Only the owner may connect
-// (mode 0600).
+// (mode 0600, which the socket has from the moment it is at its path:
+// listenPrivate).
 
 // controlVersion is the version of the requests and responses.
 const controlVersion = 1
@@ -87,36 +88,27 @@ type controlServer struct {
 	path string
 	wg   sync.WaitGroup
 
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
+	mu      sync.Mutex
+	conns   map[net.Conn]struct{}
+	closing bool // close has ended the connections in conns
 }
 
 // listenControl listens on path. The caller holds the store, so a socket
 // file left there by an earlier daemon is stale and is replaced.
 func listenControl(path string, st volumeManager, log *slog.Logger) (*controlServer, error) {
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("control socket: %w", err)
-	}
-	var ln *net.UnixListener
-	err := withUnixAddr(path, func(addr string) (err error) {
-		ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
-		return err
-	})
+	ln, err := listenPrivate(path)
 	if err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
-	// The address may name the socket through a descriptor closed by
-	// now: close removes the socket by its path.
-	ln.SetUnlinkOnClose(false)
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		os.Remove(path)
-		return nil, fmt.Errorf("control socket: %w", err)
-	}
+	return serveControl(ln, path, st, log), nil
+}
+
+// serveControl answers the connections ln accepts; close removes path.
+func serveControl(ln net.Listener, path string, st volumeManager, log *slog.Logger) *controlServer {
 	s := &controlServer{st: st, log: log.With("component", "control"), ln: ln, path: path, conns: map[net.Conn]struct{}{}}
 	s.wg.Add(1)
 	go s.accept()
-	return s, nil
+	return s
 }
 
 func (s *controlServer) accept() {
@@ -130,6 +122,14 @@ func (s *controlServer) accept() {
 			return
 		}
 		s.mu.Lock()
+		if s.closing {
+			// Accepted before close stopped the listener, but after it
+			// ended the connections it knew of: nothing would end this
+			// one's reads.
+			s.mu.Unlock()
+			c.Close()
+			continue
+		}
 		s.conns[c] = struct{}{}
 		s.mu.Unlock()
 		s.wg.Add(1)
@@ -229,16 +229,58 @@ func (s *controlServer) do(ctx context.Context, req controlRequest) controlRespo
 // close stops accepting, ends the connections and removes the socket. A
 // connection's reads and writes both end: a client that stopped reading
 // in the middle of a response would otherwise hold its write, and so the
-// daemon's exit, for ever. A request being run finishes first.
+// daemon's exit, for ever. A request being run finishes first. A
+// connection accepted while close runs is closed by the accept loop
+// (closing).
 func (s *controlServer) close() {
 	s.ln.Close()
 	s.mu.Lock()
+	s.closing = true
 	for c := range s.conns {
 		c.SetDeadline(time.Now())
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
 	os.Remove(s.path)
+}
+
+// listenPrivate listens on a unix socket at path that only its owner can
+// connect to from the moment it is there: it is bound in a new directory
+// of mode 0700 beside path, made 0600 there, and then renamed to path
+// (replacing what is there). Bound at path, it would be open to everyone
+// the umask lets in until a chmod; and the umask, which could close that
+// window, is the process's: the files other goroutines create meanwhile
+// (the store's) would get it too.
+func listenPrivate(path string) (*net.UnixListener, error) {
+	tmp, err := os.MkdirTemp(filepath.Dir(path), "."+filepath.Base(path)+".")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	// MkdirTemp's 0700 less the umask: the owner needs all of it.
+	if err := os.Chmod(tmp, 0o700); err != nil {
+		return nil, err
+	}
+	bound := filepath.Join(tmp, filepath.Base(path))
+	var ln *net.UnixListener
+	err = withUnixAddr(bound, func(addr string) (err error) {
+		ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	// The address names where the socket was bound, maybe through a
+	// descriptor closed by now: controlServer.close removes it by path.
+	ln.SetUnlinkOnClose(false)
+	if err = os.Chmod(bound, 0o600); err == nil {
+		err = os.Rename(bound, path)
+	}
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
 }
 
 // maxUnixPath is the longest path a unix socket address holds on Linux

@@ -9,10 +9,16 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rnic-dev/rnic/store"
 )
@@ -195,5 +201,141 @@ func TestControlLongPath(t *testing.T) {
 	srv.close()
 	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("socket left after close: %v", err)
+	}
+}
+
+// TestControlSocketNeverOpenToOthers: under a umask that leaves new files
+// open to everyone (0), the control socket is never reachable at its path
+// with a mode other than its final 0600: it appears there (created or moved
+// in) with that mode, and no change of its mode follows, which would mean
+// that it was there, open to other local users, before. The data directory
+// is watched with inotify while rtarget serve starts.
+func TestControlSocketNeverOpenToOthers(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "data")
+	if err := os.Mkdir(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.InotifyAddWatch(fd, data, unix.IN_CREATE|unix.IN_MOVED_TO|unix.IN_ATTRIB); err != nil {
+		t.Fatal(err)
+	}
+	cmd := rtargetCmd(t, "serve", "--data", data, "--store", "thin", "--listen", "127.0.0.1:0", "--reserve", "1M")
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("no sh to set the umask with")
+	}
+	cmd.Args = append([]string{"sh", "-c", `umask 0 && exec "$0" "$@"`, cmd.Path}, cmd.Args[1:]...)
+	cmd.Path = sh
+	d := startDaemon(t, cmd)
+	d.waitLog(`msg="control socket"`)
+
+	var events []string
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := unix.Read(fd, buf)
+		if errors.Is(err, unix.EAGAIN) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+			if name != controlSocketName {
+				continue
+			}
+			switch {
+			case ev.Mask&unix.IN_CREATE != 0:
+				events = append(events, "created")
+			case ev.Mask&unix.IN_MOVED_TO != 0:
+				events = append(events, "moved in")
+			case ev.Mask&unix.IN_ATTRIB != 0:
+				events = append(events, "mode changed")
+			}
+		}
+	}
+	if len(events) != 1 {
+		t.Errorf("the control socket at its path: %q, want it to appear once with its final mode and stay so", events)
+	}
+	fi, err := os.Stat(filepath.Join(data, controlSocketName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Errorf("control socket of mode %v, want a socket of 0600", fi.Mode())
+	}
+	entries, err := os.ReadDir(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if strings.Contains(e.Name(), "sock") && e.Name() != controlSocketName {
+			t.Errorf("%s left in the data directory", e.Name())
+		}
+	}
+	if status := d.stop(syscall.SIGTERM, 30*time.Second); status != 0 {
+		t.Errorf("rtarget serve exited with status %d after SIGTERM", status)
+	}
+}
+
+// heldListener holds each connection it accepts: it says so on accepted
+// and hands it on only once release is closed.
+type heldListener struct {
+	net.Listener
+	accepted, release chan struct{}
+}
+
+func (l *heldListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.accepted <- struct{}{}
+		<-l.release
+	}
+	return c, err
+}
+
+// TestControlCloseBesideConnectionJustAccepted: a connection accepted just
+// before close, which the accept loop had not handed to a goroutine of its
+// own yet when close ended the connections it knew of, is ended too: close
+// does not wait for ever on its idle client.
+func TestControlCloseBesideConnectionJustAccepted(t *testing.T) {
+	st := store.NewMemory()
+	defer st.Close()
+	path := filepath.Join(t.TempDir(), "rtarget.sock")
+	inner, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &heldListener{Listener: inner, accepted: make(chan struct{}), release: make(chan struct{})}
+	srv := serveControl(l, path, st, slog.New(slog.DiscardHandler))
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	<-l.accepted
+	closed := make(chan struct{})
+	go func() {
+		srv.close()
+		close(closed)
+	}()
+	// Time for close to stop the listener and end the connections it
+	// knows of, before the accept loop goes on with this one.
+	time.Sleep(100 * time.Millisecond)
+	close(l.release)
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("close still waits, 10 s on, for an idle connection accepted just before it")
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("read on the connection after close: %v, want EOF (the daemon ended it)", err)
 	}
 }

@@ -31,7 +31,8 @@ func serveCommand() *cli.Command {
 		&cli.BoolFlag{Name: "insecure", Usage: "allow a non-loopback listener without a secret", EnvVars: []string{"RTARGET_INSECURE"}},
 		&cli.StringFlag{Name: "metrics-listen", Usage: "serve Prometheus /metrics, /healthz and Go's /debug/pprof/ on this HTTP address",
 			EnvVars: []string{"RTARGET_METRICS_LISTEN"}},
-		&cli.DurationFlag{Name: "drain-timeout", Value: 30 * time.Second, Usage: "on SIGTERM, how long to wait for requests in flight",
+		&cli.DurationFlag{Name: "drain-timeout", Value: 30 * time.Second, Usage: "on SIGTERM, how long to wait for requests in " +
+			"flight; those still running then are cut off, and serve exits with status 1 once the store is synced",
 			EnvVars: []string{"RTARGET_DRAIN_TIMEOUT"}},
 	}
 	flags = append(flags, nvmfFlags()...)
@@ -47,7 +48,8 @@ func serveCommand() *cli.Command {
 		Description: "Opens the store, creates the listed volumes that do not exist yet, and serves every volume of the\n" +
 			"store. The list is the --volume flags (or RTARGET_VOLUME) plus the volume lines of --config, a name\n" +
 			"listed twice counting once (the first: the command line's, then the file's in order).\n" +
-			"SIGTERM or SIGINT drain requests in flight and sync the store; SIGHUP re-reads the volume lines of\n" +
+			"SIGTERM or SIGINT drain requests in flight and sync the store; requests still in flight after\n" +
+			"--drain-timeout are cut off, and the exit status is then 1. SIGHUP re-reads the volume lines of\n" +
 			"--config and creates the volumes newly listed. serve never resizes, recreates or deletes a volume.\n" +
 			"With --nvmf-listen, every volume is also served over NVMe/RDMA as namespace 1 of subsystem\n" +
 			"nqn.2026-11.dev.rnic:NAME, for the Linux kernel's nvme-rdma host (nvme discover / nvme connect -t rdma);\n" +
@@ -57,7 +59,7 @@ func serveCommand() *cli.Command {
 			if c.IsSet("volume") {
 				given = append([]string(nil), c.StringSlice("volume")...)
 			}
-			return clix.LoadConfig(c)
+			return clix.LoadSharedConfig(c)
 		},
 		Action: func(c *cli.Context) error { return runServe(c, given) },
 	}
@@ -97,12 +99,16 @@ func ensureVolumes(ctx context.Context, st store.Store, specs []volumeSpec, log 
 		return nil, fmt.Errorf("list volumes: %w", err)
 	}
 	sizes := map[string]int64{}
+	unavailable := map[string]bool{}
 	for _, v := range have {
 		sizes[v.Name] = v.Size
+		unavailable[v.Name] = v.Unavailable != ""
 	}
 	for _, s := range specs {
 		if cur, ok := sizes[s.name]; ok {
-			if cur != s.size {
+			// An unavailable volume's size is unknown (serve logs it as
+			// unavailable).
+			if cur != s.size && !unavailable[s.name] {
 				log.Warn("volume exists with another size: keeping it as it is (volumes are never resized or recreated)",
 					"volume", s.name, "size", clix.FormatSize(cur), "asked", clix.FormatSize(s.size))
 			}
@@ -275,6 +281,12 @@ func runServe(c *cli.Context, given []string) (err error) {
 	vols, _ := st.ListVolumes(ctx)
 	names := make([]string, 0, len(vols))
 	for _, v := range vols {
+		if v.Unavailable != "" {
+			log.Warn("volume unavailable: logins to it fail until its file or device is back",
+				"volume", v.Name, "path", v.RawPath, "err", v.Unavailable)
+			names = append(names, v.Name+"(unavailable)")
+			continue
+		}
 		names = append(names, fmt.Sprintf("%s(%s)", v.Name, clix.FormatSize(v.Size)))
 	}
 	log.Info("serving", "listen", l.Addr().String(), "store", c.String("store"), "volumes", strings.Join(names, ","))
@@ -292,18 +304,27 @@ func runServe(c *cli.Context, given []string) (err error) {
 			}
 			log.Info("draining", "signal", sig.String(), "timeout", c.Duration("drain-timeout"))
 			dctx, cancel := context.WithTimeout(context.Background(), c.Duration("drain-timeout"))
-			var err error
+			var drainErr error
 			if nsrv != nil {
-				err = nsrv.Shutdown(dctx)
+				drainErr = nsrv.Shutdown(dctx)
 			}
-			err = errors.Join(err, t.Shutdown(dctx))
+			drainErr = errors.Join(drainErr, t.Shutdown(dctx))
 			cancel()
 			l.Close()
-			if err != nil {
-				log.Error("drain incomplete", "err", err)
+			if drainErr != nil {
+				log.Error("drain incomplete", "err", drainErr)
 			}
 			if err := st.Sync(context.Background()); err != nil {
+				if drainErr != nil {
+					return fmt.Errorf("sync: %w (after the drain incomplete: %w)", err, drainErr)
+				}
 				return fmt.Errorf("sync: %w", err)
+			}
+			if drainErr != nil {
+				// Requests were cut off unanswered: not a clean stop, which
+				// the exit status says (systemd marks the unit failed).
+				log.Info("stopped: store synced, drain incomplete")
+				return fmt.Errorf("drain incomplete (the store is synced): %w", drainErr)
 			}
 			log.Info("stopped: store synced")
 			return nil

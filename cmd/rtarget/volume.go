@@ -21,7 +21,7 @@ func volumeCommand() *cli.Command {
 	flags = append(flags, clix.LogFlags("RTARGET_")...)
 	sub := func(name, usage, args string, action cli.ActionFunc, extra ...cli.Flag) *cli.Command {
 		return &cli.Command{Name: name, Usage: usage, ArgsUsage: args, Flags: append(append([]cli.Flag{}, flags...), extra...),
-			Before: clix.LoadConfig, Action: action}
+			Before: clix.LoadSharedConfig, Action: action}
 	}
 	return &cli.Command{
 		Name:  "volume",
@@ -58,7 +58,7 @@ func volumeCommand() *cli.Command {
 					"the thin store into DATA. Delete DATA/v1 once the volumes serve as they should. Needs free space\n" +
 					"for the data written in the volumes. Names with '@' or '/' get '_' (listed). An interrupted\n" +
 					"migration is finished by running it again. rtarget serve must be stopped.",
-				Flags: append(append([]cli.Flag{}, flags...), progressFlag()), Before: clix.LoadConfig, Action: volumeMigrate},
+				Flags: append(append([]cli.Flag{}, flags...), progressFlag()), Before: clix.LoadSharedConfig, Action: volumeMigrate},
 		},
 	}
 }

@@ -31,6 +31,9 @@ type listedVolume struct {
 	// NQN is the NVMe/RDMA subsystem NQN rtarget serve --nvmf-listen
 	// gives the volume ("" for a name too long to make one).
 	NQN string `json:"nqn,omitempty"`
+	// Unavailable is why the volume cannot be served now (a raw volume's
+	// file or device gone), omitted when it can; its size is then 0.
+	Unavailable string `json:"unavailable,omitempty"`
 }
 
 type listedSnapshot struct {
@@ -44,7 +47,7 @@ type listedSnapshot struct {
 func listed(v store.VolumeInfo) listedVolume {
 	lv := listedVolume{Name: v.Name, ID: v.ID, Kind: v.Kind, Size: v.Size, Allocated: v.Allocated, Exclusive: v.Exclusive,
 		Created: v.Created, Origin: v.Origin, RawPath: v.RawPath, Meta: v.Meta, Snapshots: []listedSnapshot{},
-		NQN: nvmf.SubsystemNQN("", v.Name)}
+		NQN: nvmf.SubsystemNQN("", v.Name), Unavailable: v.Unavailable}
 	for _, s := range v.Snapshots {
 		lv.Snapshots = append(lv.Snapshots, listedSnapshot{Name: s.Name, Size: s.Size, Exclusive: s.Exclusive,
 			Created: s.Created, Clones: s.Clones})
@@ -86,19 +89,19 @@ var listColumns = []struct {
 		}
 		return r.vol.Kind
 	}},
-	{"SIZE", func(r listRow) string { return clix.FormatSize(r.size()) }},
-	{"BYTES", func(r listRow) string { return strconv.FormatInt(r.size(), 10) }},
+	{"SIZE", func(r listRow) string { return r.figure(clix.FormatSize(r.size())) }},
+	{"BYTES", func(r listRow) string { return r.figure(strconv.FormatInt(r.size(), 10)) }},
 	{"ALLOCATED", func(r listRow) string {
 		if r.snap != nil {
 			return "-"
 		}
-		return clix.FormatSize(r.vol.Allocated)
+		return r.figure(clix.FormatSize(r.vol.Allocated))
 	}},
 	{"EXCLUSIVE", func(r listRow) string {
 		if r.snap != nil {
 			return clix.FormatSize(r.snap.Exclusive)
 		}
-		return clix.FormatSize(r.vol.Exclusive)
+		return r.figure(clix.FormatSize(r.vol.Exclusive))
 	}},
 	{"ORIGIN", func(r listRow) string {
 		switch {
@@ -123,6 +126,25 @@ var listColumns = []struct {
 		}
 		return r.vol.NQN
 	}},
+	// Last, since the cause of an unavailable volume is long.
+	{"STATE", func(r listRow) string {
+		switch {
+		case r.snap != nil:
+			return "-"
+		case r.vol.Unavailable != "":
+			return "unavailable: " + r.vol.Unavailable
+		}
+		return "ok"
+	}},
+}
+
+// figure returns s, a size of the row's volume, or "-" when the volume is
+// unavailable and its sizes unknown.
+func (r listRow) figure(s string) string {
+	if r.snap == nil && r.vol.Unavailable != "" {
+		return "-"
+	}
+	return s
 }
 
 func (r listRow) size() int64 {

@@ -140,3 +140,46 @@ func TestServeBadListenAddress(t *testing.T) {
 		t.Fatalf("serve --listen bogus: %v, want a usage error naming --listen", err)
 	}
 }
+
+// TestVolumeCommandsReadServeConfig: the volume commands read the config
+// file written for rtarget serve (deploy/rtarget.conf, and one naming the
+// store), taking the settings they know (data, store, log-level) and
+// passing over serve's (listen, volume, metrics-listen, drain-timeout);
+// a setting no rtarget command has is still an error, naming it.
+func TestVolumeCommandsReadServeConfig(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	// The shipped sample, its --data (/var/lib/rtarget) given on the
+	// command line, which wins over the file.
+	sample, err := filepath.Abs("../../deploy/rtarget.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stdout, stderr, status := execRtarget(t, "volume", "list", "--config", sample, "--data", data); status != 0 {
+		t.Fatalf("volume list --config %s: status %d\n%s%s", sample, status, stdout, stderr)
+	}
+	conf := filepath.Join(dir, "rtarget.conf")
+	write := func(extra string) {
+		t.Helper()
+		text := "listen = 127.0.0.1:4420\ndata = " + data + "\nstore = thin\nvolume = disk0:10G\n" +
+			"metrics-listen = 127.0.0.1:9420\ndrain-timeout = 60s\nlog-level = warn\n" + extra
+		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("")
+	if _, stderr, status := execRtarget(t, "volume", "create", "--config", conf, "v", "1M"); status != 0 {
+		t.Fatalf("volume create --config: status %d\n%s", status, stderr)
+	}
+	stdout, stderr, status := execRtarget(t, "volume", "list", "--config", conf, "--json")
+	if status != 0 || !strings.Contains(stdout, `"name": "v"`) {
+		t.Fatalf("volume list --config: status %d, want v, created in the config's data directory\n%s%s", status, stdout, stderr)
+	}
+	write("lisen = 127.0.0.1:4420\n")
+	for _, args := range [][]string{{"volume", "list"}, {"serve"}} {
+		_, stderr, status = execRtarget(t, append(args, "--config", conf)...)
+		if status == 0 || !strings.Contains(stderr, `unknown setting "lisen"`) {
+			t.Errorf("rtarget %s with a config holding a typo: status %d, want an error naming it\n%s", args, status, stderr)
+		}
+	}
+}

@@ -27,7 +27,9 @@ type Options struct {
 	// NoSnapshots: the volumes the suite creates have no snapshots or
 	// clones; the suite expects ErrNotSupported from those calls.
 	NoSnapshots bool
-	// NoResize: ResizeVolume is expected to fail with ErrNotSupported.
+	// NoResize: ResizeVolume and GrowVolume are expected to fail with
+	// ErrNotSupported (a grow below the size: ErrShrink), except to the
+	// volume's own size, which succeeds and changes nothing.
 	NoResize bool
 }
 

@@ -154,8 +154,29 @@ func testResize(t *testing.T, s *suite) {
 	ctx := context.Background()
 	v := s.mustCreate("r", mib)
 	defer v.Close()
+	// To the volume's own size, a resize changes nothing and succeeds, as
+	// GrowVolume's contract says, also where resizes are not supported.
+	if err := s.st.ResizeVolume(ctx, "r", mib); err != nil {
+		t.Fatalf("ResizeVolume to the same size: %v", err)
+	}
+	if err := s.st.GrowVolume(ctx, "r", mib); err != nil {
+		t.Fatalf("GrowVolume to the same size: %v", err)
+	}
+	if got := v.Info().Size; got != mib {
+		t.Fatalf("size after a resize to the same size: %d", got)
+	}
 	if s.o.NoResize {
 		wantErr(t, "ResizeVolume", s.st.ResizeVolume(ctx, "r", 2*mib), store.ErrNotSupported)
+		wantErr(t, "GrowVolume", s.st.GrowVolume(ctx, "r", 2*mib), store.ErrNotSupported)
+		wantErr(t, "GrowVolume below the size", s.st.GrowVolume(ctx, "r", mib/2), store.ErrShrink)
+		v.Close()
+		wantErr(t, "shrink", s.st.ResizeVolume(ctx, "r", mib/2), store.ErrNotSupported)
+		if err := s.st.ResizeVolume(ctx, "r", mib); err != nil {
+			t.Fatalf("ResizeVolume to the same size, closed: %v", err)
+		}
+		if got := s.stat("r").Size; got != mib {
+			t.Fatalf("size after the refused resizes: %d", got)
+		}
 		return
 	}
 	data := Pattern(0, mib/bs, 3)

@@ -2,7 +2,9 @@
 // sizes like 512M, the config file, logging flags and the pre-shared secret.
 //
 // Config file format: one "key = value" per line, where key is a long flag
-// name of the command (without dashes); '#' starts a comment; a repeatable
+// name of the command (without dashes; with LoadSharedConfig, of any
+// command of the program, each command taking its own); '#' starts a
+// comment; a repeatable
 // flag may appear on several lines. Values may be quoted with double
 // quotes. Precedence, highest first: command-line flag, environment
 // variable, config file, default.
@@ -14,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	httppprof "net/http/pprof"
@@ -83,7 +86,18 @@ func ConfigFlag(envPrefix string) cli.Flag {
 
 // LoadConfig sets, from the file named by --config, every flag the command
 // line and the environment left unset. Unknown keys are errors.
-func LoadConfig(c *cli.Context) error {
+func LoadConfig(c *cli.Context) error { return loadConfig(c, false) }
+
+// LoadSharedConfig is LoadConfig for a program whose commands share one
+// config file (rtarget's serve and volume commands): a key that is a flag
+// of another of its commands is passed over, so that each command reads the
+// settings it knows of a file written for another; a key that no command
+// of the program has is still an error, so that a typo does not pass
+// silently.
+func LoadSharedConfig(c *cli.Context) error { return loadConfig(c, true) }
+
+// loadConfig is LoadConfig, and with shared LoadSharedConfig.
+func loadConfig(c *cli.Context, shared bool) error {
 	path := c.String("config")
 	if path == "" {
 		return nil
@@ -97,23 +111,35 @@ func LoadConfig(c *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("config %s: %w", path, err)
 	}
-	known := map[string]bool{}
-	for _, fl := range c.Command.Flags {
-		for _, n := range fl.Names() {
-			known[n] = true
+	known := flagNames(c.Command.Flags)
+	var elsewhere map[string]bool // the flags of the program's other commands
+	if shared {
+		elsewhere = flagNames(c.App.Flags)
+		var walk func([]*cli.Command)
+		walk = func(cmds []*cli.Command) {
+			for _, cmd := range cmds {
+				maps.Copy(elsewhere, flagNames(cmd.Flags))
+				walk(cmd.Subcommands)
+			}
 		}
+		walk(c.App.Commands)
 	}
 	// Decide first which keys the command line or the environment set:
 	// those win, and a repeatable key may then take several lines.
 	external := map[string]bool{}
 	for _, e := range kv {
-		if !known[e.Key] {
+		switch {
+		case known[e.Key]:
+			external[e.Key] = c.IsSet(e.Key)
+		case elsewhere[e.Key]:
+		case shared:
+			return fmt.Errorf("config %s:%d: unknown setting %q: no %s command has such a flag", path, e.Line, e.Key, c.App.Name)
+		default:
 			return fmt.Errorf("config %s:%d: unknown setting %q for %s", path, e.Line, e.Key, c.Command.FullName())
 		}
-		external[e.Key] = c.IsSet(e.Key)
 	}
 	for _, e := range kv {
-		if external[e.Key] {
+		if external[e.Key] || !known[e.Key] {
 			continue
 		}
 		if err := c.Set(e.Key, e.Value); err != nil {
@@ -121,6 +147,17 @@ func LoadConfig(c *cli.Context) error {
 		}
 	}
 	return nil
+}
+
+// flagNames returns the names (and aliases) of flags.
+func flagNames(flags []cli.Flag) map[string]bool {
+	names := map[string]bool{}
+	for _, fl := range flags {
+		for _, n := range fl.Names() {
+			names[n] = true
+		}
+	}
+	return names
 }
 
 // Entry is one config file setting.

@@ -40,6 +40,9 @@ type Client struct {
 	noInline atomic.Bool
 	// noExtents: the target refused a LOGIN asking for BLOCK_STATUS.
 	noExtents atomic.Bool
+	// noNoHole: the target refused a LOGIN asking for WRITE_ZEROES with
+	// FlagNoHole.
+	noNoHole atomic.Bool
 
 	mu        sync.Mutex
 	target    int      // index in cfg.addrs of the target to dial next

@@ -104,9 +104,10 @@ func fileKind(m os.FileMode) string {
 // commands of a burst sent together): a change of signature on either
 // side fails the build here instead of silently losing them.
 var (
-	_ nbd.AsyncBackend  = (*initiator.Client)(nil)
-	_ nbd.Plugger       = (*initiator.Client)(nil)
-	_ nbd.BlockStatuser = (*initiator.Client)(nil)
+	_ nbd.AsyncBackend    = (*initiator.Client)(nil)
+	_ nbd.Plugger         = (*initiator.Client)(nil)
+	_ nbd.BlockStatuser   = (*initiator.Client)(nil)
+	_ nbd.AllocatedZeroer = (*initiator.Client)(nil)
 )
 
 func export(c *cli.Context, cl *initiator.Client) nbd.Export {

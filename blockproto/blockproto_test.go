@@ -72,7 +72,7 @@ func TestLoginRejects(t *testing.T) {
 		{"trailing", func(b []byte) []byte { return append(b, 0) }, ErrLength},
 		{"version", func(b []byte) []byte { b[0] = 2; return b }, ErrVersion},
 		{"opcode", func(b []byte) []byte { b[1] = OpProof.u8(); return b }, ErrOpcode},
-		{"flags", func(b []byte) []byte { b[3] = 8; return b }, ErrFlags},
+		{"flags", func(b []byte) []byte { b[3] = 0x10; return b }, ErrFlags},
 		{"inline without size", func(b []byte) []byte { b[3] = 2; return b }, ErrField},
 		{"inline unaligned", func(b []byte) []byte { b[3], b[14], b[15] = 2, 0x10, 1; return b }, ErrField},
 		{"inline too large", func(b []byte) []byte { b[3], b[13], b[14] = 2, 1, 0; return b }, ErrField},
@@ -163,6 +163,8 @@ func TestCommands(t *testing.T) {
 		{Op: OpFlush, Tag: 1},
 		{Op: OpTrim, Offset: 0, Length: 1 << 30, Token: 1},
 		{Op: OpWriteZeroes, Flags: FlagFUA, Offset: 1 << 40, Length: 4096},
+		{Op: OpWriteZeroes, Flags: FlagNoHole, Offset: 4096, Length: 512, Token: 7},
+		{Op: OpWriteZeroes, Flags: FlagFUA | FlagNoHole, Offset: 0, Length: 1 << 30},
 		{Op: OpWriteReq, Offset: 0, Length: 1 << 20},
 		{Op: OpRelease, STag: 0xdeadbe01},
 		{Op: OpHolder, Offset: 62},
@@ -189,6 +191,10 @@ func TestCommands(t *testing.T) {
 		{CommandFields{Op: OpRead, Length: 1, Flags: FlagFUA}, ErrFlags},
 		{CommandFields{Op: OpWriteReq, Length: 1, Flags: FlagInline}, ErrFlags},
 		{CommandFields{Op: OpWrite, Length: 1, STag: 1, Flags: FlagInline}, ErrFlags},
+		{CommandFields{Op: OpWrite, Length: 1, STag: 1, Flags: FlagNoHole}, ErrFlags},
+		{CommandFields{Op: OpTrim, Length: 1, Flags: FlagNoHole}, ErrFlags},
+		{CommandFields{Op: OpWriteZeroes, Length: 1, Flags: FlagInline}, ErrFlags},
+		{CommandFields{Op: OpWriteZeroes, Length: 1, Flags: 0x10}, ErrFlags},
 		{CommandFields{Op: OpRead, Length: 1, STag: 1}, ErrReserved},
 		{CommandFields{Op: OpRead, Length: 1, Token: 1}, ErrReserved},
 		{CommandFields{Op: OpWrite, Length: 1}, ErrField},
@@ -675,5 +681,54 @@ func TestExtents(t *testing.T) {
 		if !errors.Is(err, c.kind) {
 			t.Errorf("%s: got %v, want %v", c.name, err, c.kind)
 		}
+	}
+}
+
+// TestNoHole pins FlagNoHole: bit 0x8 of the header in a LOGIN and a
+// WELCOME (both decoded into NoHole and encoded back), and on a
+// WRITE_ZEROES, where Command.NoHole reports it; on any other command it
+// is an unknown flag.
+func TestNoHole(t *testing.T) {
+	lm, err := EncodeLogin(make([]byte, MaxMessage), &LoginFields{Credits: 4, Extents: true, NoHole: true, Initiator: "i", Volume: "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if Header(lm).Flags() != FlagExtents|0x8 {
+		t.Fatalf("LOGIN flags %#x, want FlagExtents|0x8", Header(lm).Flags())
+	}
+	pl, err := ParseLogin(lm)
+	if err != nil || !pl.NoHole() || !pl.Fields().NoHole || !pl.Extents() {
+		t.Fatalf("LOGIN with FlagNoHole: %v, NoHole %v", err, err == nil && pl.NoHole())
+	}
+	if pl, err := ParseLogin(sampleLogin(t, false)); err != nil || pl.NoHole() {
+		t.Fatalf("LOGIN without FlagNoHole: %v, NoHole %v", err, err == nil && pl.NoHole())
+	}
+	wf := sampleWelcome(t).Fields()
+	wf.NoHole = true
+	wm, err := EncodeWelcome(make([]byte, MaxMessage), &wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if Header(wm).Flags() != 0x8 || len(wm) != WelcomeFixedLen+2*GrantLen {
+		t.Fatalf("WELCOME flags %#x, %d bytes", Header(wm).Flags(), len(wm))
+	}
+	pw, err := ParseWelcome(wm)
+	if err != nil || !pw.Fields().NoHole {
+		t.Fatalf("WELCOME with FlagNoHole: %v", err)
+	}
+	if pw, _ := ParseWelcome(sampleWelcome(t)); pw.Fields().NoHole {
+		t.Fatal("a WELCOME without FlagNoHole decodes with NoHole")
+	}
+	b := make([]byte, CommandLen)
+	Command(b).Encode(&CommandFields{Op: OpWriteZeroes, Flags: FlagNoHole, Length: 4096})
+	if b[2] != 0 || b[3] != 0x8 {
+		t.Fatalf("WRITE_ZEROES flags bytes %x", b[2:4])
+	}
+	if c, err := ParseCommand(b); err != nil || !c.NoHole() || c.FUA() {
+		t.Fatalf("WRITE_ZEROES with FlagNoHole: %v", err)
+	}
+	Command(b).Encode(&CommandFields{Op: OpWriteZeroes, Flags: FlagFUA, Length: 4096})
+	if c, err := ParseCommand(b); err != nil || c.NoHole() {
+		t.Fatalf("WRITE_ZEROES without FlagNoHole: %v, NoHole %v", err, err == nil && c.NoHole())
 	}
 }

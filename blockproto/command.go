@@ -33,6 +33,9 @@ func (c Command) FUA() bool { return c.Flags()&FlagFUA != 0 }
 // Inline reports FlagInline (READ: answer with DATA).
 func (c Command) Inline() bool { return c.Op() == OpRead && c.Flags()&FlagInline != 0 }
 
+// NoHole reports FlagNoHole (WRITE_ZEROES: the range stays allocated).
+func (c Command) NoHole() bool { return c.Op() == OpWriteZeroes && c.Flags()&FlagNoHole != 0 }
+
 // Tag returns the request tag.
 func (c Command) Tag() uint32 { return Header(c).Tag() }
 
@@ -77,7 +80,7 @@ var commandRules = map[Opcode]commandRule{
 	OpWrite:       {flags: FlagFUA, offset: true, length: true, stag: true, token: true, needLength: true, needSTag: true},
 	OpFlush:       {},
 	OpTrim:        {offset: true, length: true, token: true, needLength: true},
-	OpWriteZeroes: {flags: FlagFUA, offset: true, length: true, token: true, needLength: true},
+	OpWriteZeroes: {flags: FlagFUA | FlagNoHole, offset: true, length: true, token: true, needLength: true},
 	OpWriteReq:    {offset: true, length: true, needLength: true},
 	OpRelease:     {stag: true, needSTag: true},
 	OpHolder:      {offset: true, maxSlot: true},

@@ -42,8 +42,8 @@
 //	                                   table, grants, target proof)
 //	                                   or REJECT (status, reason)
 //
-// LOGIN (opcode 0x01, flags FlagJoin 0x1, FlagInline 0x2, FlagExtents 0x4), 56 bytes +
-// names:
+// LOGIN (opcode 0x01, flags FlagJoin 0x1, FlagInline 0x2, FlagExtents 0x4,
+// FlagNoHole 0x8), 56 bytes + names:
 //
 //	8   u16  credits requested (queue depth of this QP), > 0
 //	10  u8   initiator name length n (1-255)
@@ -60,8 +60,8 @@
 //
 // PROOF (0x03), 40 bytes: 8 [32] initiator proof.
 //
-// WELCOME (0x04, flags FlagInline, FlagExtents), 104 bytes (112 with FlagInline) + 16
-// per grant:
+// WELCOME (0x04, flags FlagInline, FlagExtents, FlagNoHole), 104 bytes (112
+// with FlagInline) + 16 per grant:
 //
 //	8   u64  session ID (random, non-zero)
 //	16  u64  target boot ID (random per target process start)
@@ -227,7 +227,15 @@
 //	                     inside the range are discarded (read as zeros);
 //	                     partial blocks at the ends are left alone.
 //	WRITE_ZEROES (0x14)  offset, length, token, FUA: the range reads as
-//	                     zeros.
+//	                     zeros; the target may free its blocks (punch
+//	                     holes). With FlagNoHole (0x8; only on a QP whose
+//	                     WELCOME has FlagNoHole, otherwise StatusInvalid)
+//	                     the range also stays allocated (NBD's
+//	                     NBD_CMD_FLAG_NO_HOLE): the store keeps or gives it
+//	                     blocks of the volume's own (copying blocks a
+//	                     snapshot shares), so a later write there does not
+//	                     fail for lack of space, and BLOCK_STATUS reports
+//	                     it as data.
 //	RELEASE (0x16)       STag, sent as a Send with Invalidate naming it:
 //	                     ends a READ's exchange (or abandons a WRITE_REQ's
 //	                     buffer). No answer.
@@ -285,6 +293,16 @@
 // Targets that predate them refuse such a LOGIN as malformed (REJECT,
 // StatusProtocol): the initiator logs in again without the flag, as with
 // FlagInline.
+//
+// WRITE_ZEROES with FlagNoHole is negotiated the same way, per QP: a LOGIN
+// with FlagNoHole says the initiator may send it, the WELCOME's FlagNoHole
+// says the target honours it, and a target sets it only in answer to a
+// LOGIN that has it (an initiator that predates it refuses a WELCOME with
+// the flag as malformed). Targets that predate it refuse such a LOGIN
+// (StatusProtocol), and decode a command with the flag as malformed,
+// which ends the session: so an initiator sends it only on a QP whose
+// WELCOME has FlagNoHole. Without it, an initiator that must keep a range
+// allocated writes zeros there with WRITE, which every store allocates.
 //
 // GOODBYE (0x22): the target is ending the session (shutdown); commands
 // still outstanding get no answer and the QP closes. The initiator may

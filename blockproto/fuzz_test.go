@@ -29,7 +29,16 @@ func seeds(t testing.TB) [][]byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out = append(out, il, iw, el, ew)
+	nl, err := EncodeLogin(make([]byte, MaxMessage), &LoginFields{Credits: 4, Extents: true, NoHole: true, Initiator: "i", Volume: "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf.NoHole = true
+	nw, err := EncodeWelcome(make([]byte, MaxMessage), &wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = append(out, il, iw, el, ew, nl, nw)
 	for _, f := range []ExtentsFields{
 		{Tag: 9, Extents: []ExtentFields{{Length: 4096, Flags: ExtentHole | ExtentZero}}},
 		{Tag: 10, Grant: GrantFields{STag: 3, Len: 4096}, Extents: []ExtentFields{{Length: 512}, {Length: 1 << 20, Flags: ExtentZero},
@@ -59,6 +68,7 @@ func seeds(t testing.TB) [][]byte {
 		{Op: OpRead, Flags: FlagInline, Tag: 8, Offset: 512, Length: 4096},
 		{Op: OpWrite, Flags: FlagFUA, Tag: 5, Offset: 512, Length: 512, STag: 0x1234, Token: 99},
 		{Op: OpFlush}, {Op: OpTrim, Length: 4096}, {Op: OpWriteZeroes, Length: 512},
+		{Op: OpWriteZeroes, Flags: FlagFUA | FlagNoHole, Tag: 12, Offset: 8192, Length: 4096, Token: 3},
 		{Op: OpWriteReq, Length: 1 << 20}, {Op: OpRelease, STag: 9}, {Op: OpHolder, Offset: 2},
 		{Op: OpBlockStatus, Tag: 11, Offset: 1 << 30, Length: 1<<32 - 4096},
 	} {

@@ -83,6 +83,10 @@ const (
 	// FlagExtents (LOGIN): the initiator may send BLOCK_STATUS and takes
 	// EXTENTS; (WELCOME): the target answers BLOCK_STATUS.
 	FlagExtents uint16 = 0x0004
+	// FlagNoHole (LOGIN): the initiator may send WRITE_ZEROES with
+	// FlagNoHole; (WELCOME): the target honours it; (WRITE_ZEROES): the
+	// range stays allocated (NBD's NBD_CMD_FLAG_NO_HOLE).
+	FlagNoHole uint16 = 0x0008
 )
 
 // Header is a view of the 8-byte header every message starts with.

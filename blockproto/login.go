@@ -23,7 +23,10 @@ type LoginFields struct {
 	// initiator takes on this QP, a multiple of 512 up to MaxInline.
 	Inline uint32
 	// Extents (FlagExtents): the initiator may send BLOCK_STATUS.
-	Extents   bool
+	Extents bool
+	// NoHole (FlagNoHole): the initiator may send WRITE_ZEROES with
+	// FlagNoHole.
+	NoHole    bool
 	SessionID uint64 // with Join; 0 otherwise
 	Nonce     [NonceLen]byte
 	Initiator string
@@ -35,6 +38,9 @@ func (m Login) Join() bool { return Header(m).Flags()&FlagJoin != 0 }
 
 // Extents reports FlagExtents.
 func (m Login) Extents() bool { return Header(m).Flags()&FlagExtents != 0 }
+
+// NoHole reports FlagNoHole.
+func (m Login) NoHole() bool { return Header(m).Flags()&FlagNoHole != 0 }
 
 // Inline returns the largest inline read the initiator takes (0: none).
 func (m Login) Inline() uint32 { return binary.BigEndian.Uint32(m[12:16]) }
@@ -87,6 +93,9 @@ func EncodeLogin(b []byte, f *LoginFields) (Login, error) {
 	if f.Extents {
 		flags |= FlagExtents
 	}
+	if f.NoHole {
+		flags |= FlagNoHole
+	}
 	Header(m).Encode(&HeaderFields{Opcode: OpLogin, Flags: flags})
 	binary.BigEndian.PutUint16(m[8:10], f.Credits)
 	m[10] = uint8(len(f.Initiator))
@@ -101,7 +110,7 @@ func EncodeLogin(b []byte, f *LoginFields) (Login, error) {
 
 // Fields returns the LOGIN's fields.
 func (m Login) Fields() LoginFields {
-	f := LoginFields{Join: m.Join(), Credits: m.Credits(), Inline: m.Inline(), Extents: m.Extents(), SessionID: m.SessionID(),
+	f := LoginFields{Join: m.Join(), Credits: m.Credits(), Inline: m.Inline(), Extents: m.Extents(), NoHole: m.NoHole(), SessionID: m.SessionID(),
 		Initiator: string(m.Initiator()), Volume: string(m.Volume())}
 	copy(f.Nonce[:], m.Nonce())
 	return f
@@ -111,7 +120,7 @@ func (m Login) Fields() LoginFields {
 // the inline size (with FlagInline a multiple of 512 up to MaxInline, else
 // 0), and that a join names a session and a new session does not.
 func ParseLogin(b []byte) (Login, error) {
-	if err := expect(b, OpLogin, LoginFixedLen, FlagJoin|FlagInline|FlagExtents); err != nil {
+	if err := expect(b, OpLogin, LoginFixedLen, FlagJoin|FlagInline|FlagExtents|FlagNoHole); err != nil {
 		return nil, err
 	}
 	m := Login(b)

@@ -48,7 +48,10 @@ type WelcomeFields struct {
 	Inline uint32
 	// Extents (FlagExtents): the target answers BLOCK_STATUS on this QP.
 	Extents bool
-	Grants  []GrantFields // at most MaxWelcomeGrants
+	// NoHole (FlagNoHole): the target honours FlagNoHole on WRITE_ZEROES
+	// on this QP.
+	NoHole bool
+	Grants []GrantFields // at most MaxWelcomeGrants
 }
 
 // SessionID returns the session's ID.
@@ -151,6 +154,9 @@ func EncodeWelcome(b []byte, f *WelcomeFields) (Welcome, error) {
 	if f.Extents {
 		flags |= FlagExtents
 	}
+	if f.NoHole {
+		flags |= FlagNoHole
+	}
 	Header(m).Encode(&HeaderFields{Opcode: OpWelcome, Flags: flags})
 	be := binary.BigEndian
 	be.PutUint64(m[8:16], f.SessionID)
@@ -181,7 +187,7 @@ func (m Welcome) Fields() WelcomeFields {
 		VolumeID: m.VolumeID(), MaxTransfer: m.MaxTransfer(), GrantSize: m.GrantSize(), Credits: m.Credits(),
 		Slot: m.Slot(), LockSTag: m.LockSTag(), LockCount: m.LockCount(), LockTO: m.LockTO(), MinIO: m.MinIO(),
 		PreferredIO: m.PreferredIO(), VolumeFlags: m.VolumeFlags(), Inline: m.Inline(),
-		Extents: Header(m).Flags()&FlagExtents != 0}
+		Extents: Header(m).Flags()&FlagExtents != 0, NoHole: Header(m).Flags()&FlagNoHole != 0}
 	copy(f.TargetProof[:], m.TargetProof())
 	if n := m.GrantCount(); n > 0 {
 		f.Grants = make([]GrantFields, n)
@@ -198,7 +204,7 @@ func (m Welcome) Fields() WelcomeFields {
 // flags, the inline size (FlagInline: a multiple of MinIO up to MaxInline)
 // and every grant.
 func ParseWelcome(b []byte) (Welcome, error) {
-	if err := expect(b, OpWelcome, WelcomeFixedLen, FlagInline|FlagExtents); err != nil {
+	if err := expect(b, OpWelcome, WelcomeFixedLen, FlagInline|FlagExtents|FlagNoHole); err != nil {
 		return nil, err
 	}
 	m := Welcome(b)

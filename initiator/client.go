@@ -40,13 +40,17 @@ type Client struct {
 	noInline atomic.Bool
 	// noExtents: the target refused a LOGIN asking for BLOCK_STATUS.
 	noExtents atomic.Bool
+	// noNoHole: the target refused a LOGIN asking for WRITE_ZEROES with
+	// FlagNoHole.
+	noNoHole atomic.Bool
 
 	mu        sync.Mutex
 	target    int      // index in cfg.addrs of the target to dial next
 	sess      *session // nil while reconnecting
 	epoch     uint64
 	changed   chan struct{} // closed and replaced whenever sess changes (and by wake)
-	fatal     error
+	fatal     error         // why the client gave up for good (giveUpLocked): every request fails with it
+	gaveUp    chan struct{} // closed when fatal is set
 	closed    bool
 	reconnect bool // a reconnect loop runs
 	wg        sync.WaitGroup
@@ -63,7 +67,7 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{cfg: cfg, log: cfg.Logger.With("volume", cfg.Volume, "target", cfg.Addr), dev: cfg.Device,
-		changed: make(chan struct{})}
+		changed: make(chan struct{}), gaveUp: make(chan struct{})}
 	if c.dev == nil {
 		d, err := rnic.Open(rnic.Config{Name: "initiator", Logger: cfg.Logger})
 		if err != nil {
@@ -116,6 +120,34 @@ func (c *Client) adopt(s *session) (died bool) {
 
 // Size is the volume's size in bytes.
 func (c *Client) Size() int64 { return c.size }
+
+// GaveUp is closed when the client gives up on the volume for good: the
+// session was lost and every target of Config.Addr refused the login
+// again for good, one after the other (a refusal no retry can change:
+// authentication, an unknown volume, the protocol version or a protocol
+// error), or the session was lost with NoReconnect set. Failures a retry
+// may cure (a refused connection, a timeout, a target shutting down or
+// busy) never make it give up: it reconnects with backoff for as long as
+// it takes. From then on every request fails with Err. Close does not
+// close GaveUp.
+func (c *Client) GaveUp() <-chan struct{} { return c.gaveUp }
+
+// Err is why the client gave up (see GaveUp), or nil.
+func (c *Client) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.fatal
+}
+
+// giveUpLocked makes err the outcome of every request from now on and
+// closes GaveUp; c.mu is held.
+func (c *Client) giveUpLocked(err error) {
+	if c.fatal != nil {
+		return
+	}
+	c.fatal = err
+	close(c.gaveUp)
+}
 
 // ReadOnly reports whether the target exports the volume read-only.
 func (c *Client) ReadOnly() bool { return c.readOnly }
@@ -190,7 +222,7 @@ func (c *Client) lost(s *session) {
 		c.target = (c.target + 1) % len(c.cfg.addrs)
 	}
 	if c.cfg.NoReconnect && !c.closed {
-		c.fatal = fmt.Errorf("initiator: session lost (reconnect disabled): %w", s.cause)
+		c.giveUpLocked(fmt.Errorf("initiator: session lost (reconnect disabled): %w", s.cause))
 		start = false
 	}
 	if start {
@@ -264,11 +296,11 @@ func (c *Client) reconnectLoop() {
 		}
 		if permanents >= len(c.cfg.addrs) {
 			c.mu.Lock()
-			c.fatal = fmt.Errorf("initiator: cannot log in again: %w", err)
+			c.giveUpLocked(fmt.Errorf("initiator: cannot log in again: %w", err))
 			c.reconnect = false
 			c.signalLocked()
 			c.mu.Unlock()
-			c.log.Error("giving up reconnecting", "err", err)
+			c.log.Error("giving up reconnecting: every target refused the login for good", "addr", addr, "err", err)
 			return
 		}
 		c.log.Info("reconnect failed; retrying", "in", wait, "addr", addr, "err", err)

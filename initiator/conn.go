@@ -42,6 +42,9 @@ type conn struct {
 	// askExtents: the LOGIN asks for BLOCK_STATUS; extents: the WELCOME
 	// granted it.
 	askExtents, extents bool
+	// askNoHole: the LOGIN asks for WRITE_ZEROES with FlagNoHole; noHole:
+	// the WELCOME granted it.
+	askNoHole, noHole bool
 
 	atomBuf []byte
 	atomMR  *rnic.MR

@@ -48,5 +48,10 @@
 // accepts; when the session is lost it tries the others, the one that
 // failed last. A heartbeat (an RDMA atomic on the lock table, answered by
 // the target's RNIC without its store) detects a target that stopped
-// answering while its connection stays up.
+// answering while its connection stays up. The client retries failures a
+// new attempt may cure (no answer, a refused connection, a target
+// shutting down) for as long as it takes; it gives up only when every
+// target in turn refused the login for good (authentication, no such
+// volume, version, protocol), or at the first loss with NoReconnect:
+// then Client.GaveUp is closed and every request fails with Client.Err.
 package initiator

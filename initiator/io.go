@@ -126,16 +126,26 @@ func (c *Client) Flush(ctx context.Context) error {
 // Trim discards the whole 4096-byte blocks inside the range (they read as
 // zeros afterwards; partial blocks at the ends keep their data).
 func (c *Client) Trim(ctx context.Context, off, length int64) error {
-	return c.discard(ctx, blockproto.OpTrim, off, length, false)
+	return c.discard(ctx, blockproto.OpTrim, off, length, false, false)
 }
 
 // WriteZeroes makes the range read as zeros, durably before it returns
 // with fua.
 func (c *Client) WriteZeroes(ctx context.Context, off, length int64, fua bool) error {
-	return c.discard(ctx, blockproto.OpWriteZeroes, off, length, fua)
+	return c.discard(ctx, blockproto.OpWriteZeroes, off, length, fua, false)
 }
 
-func (c *Client) discard(ctx context.Context, op blockproto.Opcode, off, length int64, fua bool) error {
+// WriteZeroesAllocated makes the range read as zeros and keeps it
+// allocated in the target's store (NBD's NBD_CMD_FLAG_NO_HOLE): a later
+// write there does not fail for lack of space. On a session whose target
+// honours WRITE_ZEROES with FlagNoHole the target zeroes the range; one
+// that predates it gets zeros written with WRITE, which every store
+// allocates. Durable before it returns with fua.
+func (c *Client) WriteZeroesAllocated(ctx context.Context, off, length int64, fua bool) error {
+	return c.discard(ctx, blockproto.OpWriteZeroes, off, length, fua, true)
+}
+
+func (c *Client) discard(ctx context.Context, op blockproto.Opcode, off, length int64, fua, noHole bool) error {
 	if err := c.check(off, length); err != nil {
 		return err
 	}
@@ -153,6 +163,13 @@ func (c *Client) discard(ctx context.Context, op blockproto.Opcode, off, length 
 	c.barrier.RLock()
 	defer c.barrier.RUnlock()
 	return c.retry(ctx, func(s *session) error {
+		flags := flags
+		if noHole {
+			if !s.noHole {
+				return s.writeZeros(ctx, off, length, fua, token)
+			}
+			flags |= blockproto.FlagNoHole
+		}
 		for at := int64(0); at < length; at += maxDiscard {
 			n := min(length-at, maxDiscard)
 			if _, err := s.do(ctx, op, flags, uint64(off+at), uint32(n), token, nil); err != nil {
@@ -161,6 +178,38 @@ func (c *Client) discard(ctx context.Context, op blockproto.Opcode, off, length 
 		}
 		return nil
 	})
+}
+
+// zeroSource is the data of the WRITEs of writeZeros: zeros, shared by
+// every request, which only reads it (the RNIC reads a WRITE's buffer,
+// never writes it).
+var zeroSource = make([]byte, 1<<20)
+
+// zeroWindow is how much of a range writeZeros writes at once, in
+// concurrent pieces of at most the maximum transfer.
+const zeroWindow = 32 << 20
+
+// writeZeros writes zeros over length bytes at off with WRITEs (FUA with
+// fua, each piece durable before it is acknowledged): how a range is kept
+// allocated on a target that does not honour FlagNoHole, since every
+// store allocates written data.
+func (s *session) writeZeros(ctx context.Context, off, length int64, fua bool, token uint64) error {
+	var flags uint16
+	if fua {
+		flags = blockproto.FlagFUA
+	}
+	piece := min(s.maxTransfer, len(zeroSource))
+	for at := int64(0); at < length; at += zeroWindow {
+		base := uint64(off + at)
+		err := s.chunks(ctx, int(min(length-at, zeroWindow)), piece, func(a, n int) error {
+			_, err := s.do(ctx, blockproto.OpWrite, flags, base+uint64(a), uint32(n), token, zeroSource[:n])
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // chunks runs f over [0, total) in pieces of at most max bytes; pieces run

@@ -55,7 +55,7 @@ func (q *conn) login(ctx context.Context, join bool) error {
 		return err
 	}
 	f := blockproto.LoginFields{Credits: uint16(q.credits), Inline: uint32(q.askInline), Extents: q.askExtents,
-		Nonce: nonce, Initiator: c.cfg.Initiator, Volume: c.cfg.Volume}
+		NoHole: q.askNoHole, Nonce: nonce, Initiator: c.cfg.Initiator, Volume: c.cfg.Volume}
 	if join {
 		f.Join, f.SessionID = true, s.id
 	}
@@ -123,6 +123,10 @@ func (q *conn) login(ctx context.Context, join bool) error {
 		return fmt.Errorf("%w: BLOCK_STATUS granted, not asked", ErrProtocol)
 	}
 	q.extents = wf.Extents
+	if wf.NoHole && !q.askNoHole {
+		return fmt.Errorf("%w: WRITE_ZEROES with FlagNoHole granted, not asked", ErrProtocol)
+	}
+	q.noHole = wf.NoHole
 	if err := q.setCredits(int(wf.Credits)); err != nil {
 		return err
 	}

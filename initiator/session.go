@@ -29,6 +29,8 @@ type session struct {
 	lockSTag    rnic.STag
 	lockTO      uint64
 	lockCount   uint32
+	// noHole: every QP's WELCOME granted WRITE_ZEROES with FlagNoHole.
+	noHole bool
 
 	pd  *rnic.PD
 	qps []*conn
@@ -68,6 +70,10 @@ func (c *Client) dial(ctx context.Context, epoch uint64, addr string) (*session,
 		}
 		s.qps = append(s.qps, q)
 	}
+	s.noHole = true
+	for _, q := range s.qps {
+		s.noHole = s.noHole && q.noHole
+	}
 	for _, q := range s.qps {
 		q.Start(q.handle)
 	}
@@ -80,12 +86,12 @@ func (c *Client) dial(ctx context.Context, epoch uint64, addr string) (*session,
 	return s, nil
 }
 
-// loginQP creates a QP and logs it in, asking for BLOCK_STATUS and inline
-// reads unless the configuration or an earlier refusal says not to. A
-// target that predates one of them refuses such a LOGIN as malformed
-// (StatusProtocol): then it logs in again without the newest one asked
-// for (BLOCK_STATUS, then inline reads), and the client does not ask for
-// it again.
+// loginQP creates a QP and logs it in, asking for WRITE_ZEROES with
+// FlagNoHole, BLOCK_STATUS and inline reads unless the configuration or an
+// earlier refusal says not to. A target that predates one of them refuses
+// such a LOGIN as malformed (StatusProtocol): then it logs in again
+// without the newest one asked for (FlagNoHole, then BLOCK_STATUS, then
+// inline reads), and the client does not ask for it again.
 func (s *session) loginQP(ctx context.Context, join bool) (*conn, error) {
 	c := s.c
 	for {
@@ -98,14 +104,21 @@ func (s *session) loginQP(ctx context.Context, join bool) (*conn, error) {
 			return nil, err
 		}
 		q.askExtents = !c.noExtents.Load()
+		q.askNoHole = !c.noNoHole.Load()
 		err = q.login(ctx, join)
 		if err == nil {
 			return q, nil
 		}
 		q.Endpoint.Close(nil)
 		var le *LoginError
-		if (inline == 0 && !q.askExtents) || !errors.As(err, &le) || le.Status != blockproto.StatusProtocol {
+		if (inline == 0 && !q.askExtents && !q.askNoHole) || !errors.As(err, &le) || le.Status != blockproto.StatusProtocol {
 			return nil, err
+		}
+		if q.askNoHole {
+			c.log.Info("the target refused a LOGIN asking for WRITE_ZEROES without holes: logging in without it "+
+				"(such zeroes are written as data)", "err", err)
+			c.noNoHole.Store(true)
+			continue
 		}
 		if q.askExtents {
 			c.log.Info("the target refused a LOGIN asking for BLOCK_STATUS: logging in without it", "err", err)

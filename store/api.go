@@ -231,6 +231,14 @@ type Volume interface {
 	// WriteZeroes sets count blocks at lba to zeros (by discarding them).
 	// With fua set the change is durable before it returns.
 	WriteZeroes(ctx context.Context, lba, count uint64, fua bool) error
+	// WriteZeroesAllocated sets count blocks at lba to zeros and leaves
+	// them allocated to the volume, as NBD's NBD_CMD_FLAG_NO_HOLE asks: a
+	// later write of these blocks needs no new space (unless a snapshot
+	// taken meanwhile shares them again), and BlockStatus reports them as
+	// data. Blocks shared with a snapshot or a clone's origin get blocks
+	// of their own (copy on write). With fua set the change is durable
+	// before it returns. Like WriteZeroes it is atomic per block only.
+	WriteZeroesAllocated(ctx context.Context, lba, count uint64, fua bool) error
 	// BlockStatus reports the allocation of count blocks at lba as
 	// consecutive extents in lba order, covering the range exactly (the
 	// last may be cut at lba+count); fn returns false to stop early. It

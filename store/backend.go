@@ -61,6 +61,13 @@ type tryWriter interface {
 	tryWrite(lba uint64, src []byte) bool
 }
 
+// zeroAllocator is a blockDevice with a way of its own to zero blocks
+// keeping them allocated (Volume.WriteZeroesAllocated); a device without
+// one gets zeros written through write.
+type zeroAllocator interface {
+	zeroAllocated(ctx context.Context, lba, count uint64) error
+}
+
 type blockDevice interface {
 	// blocks is the volume's current size in blocks.
 	blocks() uint64

@@ -123,7 +123,18 @@
 // Trim and WriteZeroes unmap whole clusters (their space is freed unless a
 // snapshot holds them) and punch holes (fallocate PUNCH_HOLE) in the parts
 // of clusters they cover; a part of a shared cluster is copied with zeros
-// there. BlockStatus reports unmapped clusters as holes.
+// there. BlockStatus reports unmapped clusters as holes. So zeroing frees
+// space, which NBD allows unless the client sets NBD_CMD_FLAG_NO_HOLE:
+// then the area must stay provisioned, so that later writes there cannot
+// fail for lack of space. That is WriteZeroesAllocated, which writes the
+// zeros as any write (volume.go, writeZeroBlocks): an unmapped cluster
+// gets a cluster of its own, a shared one is copied first (a snapshot
+// keeps its data, the head's copy is the volume's alone), one the volume
+// alone holds is written in place, holes of its file included, so the
+// range is data in the map and in the data file. (fallocate ZERO_RANGE
+// would allocate the file's blocks without writing them, but as unwritten
+// extents, which SEEK_HOLE reports as holes: inPlace would then refuse
+// overwrites there at the reserve.)
 //
 // # The thin store: durability
 //
@@ -259,11 +270,14 @@
 // block n is bytes n*4096 of the file, read and written with pread and
 // pwrite, Flush is fdatasync, Trim and WriteZeroes punch holes
 // (fallocate; zeros written where that is not supported), BlockStatus
-// comes from SEEK_DATA/SEEK_HOLE. Its size is the file's, read when it is
-// listed or opened; it has no snapshots (ErrNotSupported), and a resize
-// succeeds only to that size, changing nothing; deleting it forgets it and
-// leaves the file. A raw volume whose file is gone
-// (deleted, the device detached) is listed as unavailable
+// comes from SEEK_DATA/SEEK_HOLE. WriteZeroesAllocated zeroes a block
+// device's blocks with fallocate ZERO_RANGE (the kernel's zero-out
+// without unmapping) and writes zeros into a file: ZERO_RANGE would leave
+// unwritten extents there, which SEEK_DATA reports as holes. Its size is
+// the file's, read when it is listed or opened; it has no snapshots
+// (ErrNotSupported), and a resize succeeds only to that size, changing
+// nothing; deleting it forgets it and leaves the file. A raw volume whose
+// file is gone (deleted, the device detached) is listed as unavailable
 // (VolumeInfo.Unavailable) beside the other volumes, and opening it fails
 // naming its path. Its fdatasyncs run one at a time, shared by the flushes that wait for
 // one (N concurrent FUA writes cost about two), and Store.Sync and the
@@ -324,7 +338,9 @@
 //     nothing more. Trim and WriteZeroes are rbd_discard with 4 KiB
 //     granularity and partial discards not skipped, so every block in the
 //     range reads as zeros (librbd's defaults leave discards under 64 KiB
-//     as they were).
+//     as they were). WriteZeroesAllocated writes zeros (rbd_aio_write of
+//     a zero buffer, 1 MiB at a time), which allocates the objects as any
+//     write does.
 //   - Atomicity: RADOS applies an operation on one object (4 MiB, block
 //     aligned) atomically. A request within one object is atomic as it is;
 //     a request spanning objects takes range locks of the objects it

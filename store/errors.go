@@ -35,7 +35,7 @@ var (
 // OpError is the error of a block operation on a volume. It names the
 // operation, the volume and the block range; Err holds the cause.
 type OpError struct {
-	Op     string // "read", "write", "flush", "trim", "write-zeroes", "block-status"
+	Op     string // "read", "write", "flush", "trim", "write-zeroes", "write-zeroes-allocated", "block-status"
 	Volume string
 	LBA    uint64
 	Count  uint64 // blocks

@@ -347,6 +347,41 @@ func (d *rawDevice) discard(ctx context.Context, lba, count uint64, fua bool) er
 	return nil
 }
 
+// zeroAllocated zeroes count blocks at lba keeping them allocated
+// (Volume.WriteZeroesAllocated). A block device zeroes them itself:
+// fallocate ZERO_RANGE on a block device is the kernel's zero-out without
+// unmapping (WRITE ZEROES or WRITE SAME where the device has them, zero
+// pages written otherwise), with no data sent from here. A regular file
+// gets zeros written: ZERO_RANGE would allocate its blocks as unwritten
+// extents, which SEEK_DATA, and so BlockStatus, reports as holes on ext4
+// and XFS, and PUNCH_HOLE would free them.
+func (d *rawDevice) zeroAllocated(ctx context.Context, lba, count uint64) error {
+	if err := d.checkFailed(); err != nil {
+		return err
+	}
+	if !d.device {
+		return writeZeroBlocks(ctx, d, lba, count)
+	}
+	l := d.lock(lba, count, true)
+	pos, n := int64(lba)*BlockSize, int64(count)*BlockSize
+	var err error
+	for {
+		err = unix.Fallocate(d.fd, unix.FALLOC_FL_ZERO_RANGE|unix.FALLOC_FL_KEEP_SIZE, pos, n)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	d.written.Add(1)
+	l.unlock()
+	if err != nil && (errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTSUP)) {
+		return writeZeroBlocks(ctx, d, lba, count)
+	}
+	if err != nil {
+		return fmt.Errorf("raw zero range at %d (%d bytes): %w", pos, n, noSpace(err))
+	}
+	return nil
+}
+
 // writeZeros zeroes a range where punching holes is not supported.
 func (d *rawDevice) writeZeros(pos, n int64) error {
 	zeros := make([]byte, min(n, 1<<20))

@@ -412,6 +412,14 @@ func TestHealthOnDeadFileSystem(t *testing.T) {
 // root or losetup and blockdev.
 func loopDevice(t *testing.T, size int64) string {
 	t.Helper()
+	loop, _ := loopDeviceImage(t, size)
+	return loop
+}
+
+// loopDeviceImage is loopDevice that also returns the sparse file behind
+// the device.
+func loopDeviceImage(t *testing.T, size int64) (loop, img string) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for a loop device")
 	}
@@ -420,7 +428,7 @@ func loopDevice(t *testing.T, size int64) string {
 			t.Skipf("%s not installed", tool)
 		}
 	}
-	img := filepath.Join(t.TempDir(), "dev.img")
+	img = filepath.Join(t.TempDir(), "dev.img")
 	if err := os.WriteFile(img, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -431,9 +439,9 @@ func loopDevice(t *testing.T, size int64) string {
 	if err != nil {
 		t.Skipf("losetup: %v", err)
 	}
-	loop := strings.TrimSpace(string(out))
+	loop = strings.TrimSpace(string(out))
 	t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
-	return loop
+	return loop, img
 }
 
 // TestFreedAtCloseSurvivesPowerCut: clusters freed by the commit that

@@ -32,17 +32,7 @@ func TestThinFullFileSystem(t *testing.T) {
 	v := createOpen(t, s, "v", 1<<30)
 	const mib = 1 << 20
 	const per = mib / store.BlockSize
-	written := uint64(0) // whole MiBs acknowledged
-	for ; ; written++ {
-		err := v.WriteBlocks(ctx, written*per, storetest.Pattern(written*per, per, 1), false)
-		if err == nil {
-			continue
-		}
-		if !errors.Is(err, store.ErrNoSpace) {
-			t.Fatalf("write of MiB %d: %v, want ErrNoSpace", written, err)
-		}
-		break
-	}
+	written := fillMiBs(t, v, 0, 1) // whole MiBs acknowledged
 	// 160 MiB less ext4's own, badger's and the 32 MiB reserve.
 	if written < 48 {
 		t.Fatalf("only %d MiB written before ErrNoSpace", written)
@@ -57,17 +47,7 @@ func TestThinFullFileSystem(t *testing.T) {
 	}
 	// Blocks in new clusters, past the MiB refused, take what is left
 	// above the reserve (less than a MiB), then are refused.
-	lba := (written + 1) * per
-	for i := 0; ; i++ {
-		err := v.WriteBlocks(ctx, lba, storetest.Pattern(lba, 1, 3), false)
-		if errors.Is(err, store.ErrNoSpace) {
-			break
-		}
-		if err != nil || i == 1000 {
-			t.Fatalf("4 KiB write %d to a new cluster on a full file system: %v, want ErrNoSpace by now", i, err)
-		}
-		lba += 16 // the next 64 KiB cluster
-	}
+	fillClusters(t, v, (written+1)*per)
 	// A trim gives space back; within a few of the store's one-second
 	// checks of the free space, new clusters are taken again.
 	half := written / 2
@@ -348,4 +328,104 @@ func (l *loopThin) reopen(t *testing.T) store.Store {
 	}
 	l.s = s
 	return s
+}
+
+// TestThinWriteZeroesAllocatedOnFullFileSystem: what WriteZeroesAllocated
+// zeroed stays writable when the file system under the store is full
+// (the NBD specification's promise for NBD_CMD_FLAG_NO_HOLE: later writes
+// there do not fail for lack of space), whether it was never written, a
+// cluster with a hole punched into it, or data a snapshot shared (copied
+// for the volume then). Beside it, what WriteZeroes zeroed, and snapshot
+// data not zeroed, fail with ErrNoSpace: they need new space.
+func TestThinWriteZeroesAllocatedOnFullFileSystem(t *testing.T) {
+	ctx := context.Background()
+	l := openLoopThin(t)
+	s := l.s
+	v := createOpen(t, s, "v", 1<<30)
+	const mib = 1 << 20
+	const per = mib / store.BlockSize
+	// Blocks (in MiBs): 0-1 never written, 2 written then a hole punched
+	// in the middle of each cluster, 3 and 4 shared with a snapshot; 0-3
+	// zeroed allocated, then 5-6 zeroed plainly.
+	for _, m := range []uint64{2, 3, 4, 5} {
+		if err := v.WriteBlocks(ctx, m*per, storetest.Pattern(m*per, per, 1), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for lba := uint64(2 * per); lba < 3*per; lba += 16 {
+		if err := v.Trim(ctx, lba+4, 8); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.CreateSnapshot(ctx, "v", "s"); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.WriteZeroesAllocated(ctx, 0, 4*per, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.WriteZeroes(ctx, 5*per, 2*per, true); err != nil {
+		t.Fatal(err)
+	}
+	// Fill the file system from 16 MiB on, then take what is left above
+	// the reserve.
+	fillClusters(t, v, (fillMiBs(t, v, 16, 2)+1)*per)
+	for _, c := range []struct {
+		what    string
+		lba     uint64
+		noSpace bool
+	}{
+		{"never written, zeroed allocated", 0, false},
+		{"never written, zeroed allocated, second MiB", per + 40, false},
+		{"punched, zeroed allocated", 2*per + 4, false},
+		{"shared with a snapshot, zeroed allocated", 3*per + 17, false},
+		{"shared with a snapshot", 4*per + 17, true},
+		{"zeroed with WriteZeroes", 5*per + 33, true},
+	} {
+		err := v.WriteBlocks(ctx, c.lba, storetest.Pattern(c.lba, 4, 4), true)
+		if c.noSpace && !errors.Is(err, store.ErrNoSpace) || !c.noSpace && err != nil {
+			t.Errorf("16 KiB FUA write on the full file system, %s: %v (want ErrNoSpace: %v)", c.what, err, c.noSpace)
+		}
+	}
+	sv, err := s.OpenVolume(ctx, "v@s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sv.Close()
+	got := make([]byte, mib)
+	if err := sv.ReadBlocks(ctx, 3*per, got); err != nil || !bytes.Equal(got, storetest.Pattern(3*per, per, 1)) {
+		t.Fatalf("the snapshot's copy of the zeroed MiB: %v (equal: %v)", err, bytes.Equal(got, storetest.Pattern(3*per, per, 1)))
+	}
+}
+
+// fillMiBs writes whole MiBs of v (64 KiB clusters) from MiB first on
+// until the store refuses one with ErrNoSpace, and returns that MiB.
+func fillMiBs(t *testing.T, v store.Volume, first, tag uint64) uint64 {
+	t.Helper()
+	const per = 1 << 20 / store.BlockSize
+	for m := first; ; m++ {
+		err := v.WriteBlocks(context.Background(), m*per, storetest.Pattern(m*per, per, tag), false)
+		if errors.Is(err, store.ErrNoSpace) {
+			return m
+		}
+		if err != nil {
+			t.Fatalf("write of MiB %d: %v, want ErrNoSpace", m, err)
+		}
+	}
+}
+
+// fillClusters writes 4 KiB into each 64 KiB cluster of v from lba on
+// until the store refuses one with ErrNoSpace: they take what is left
+// above the reserve.
+func fillClusters(t *testing.T, v store.Volume, lba uint64) {
+	t.Helper()
+	for i := 0; ; i++ {
+		err := v.WriteBlocks(context.Background(), lba, storetest.Pattern(lba, 1, 3), false)
+		if errors.Is(err, store.ErrNoSpace) {
+			return
+		}
+		if err != nil || i == 1000 {
+			t.Fatalf("4 KiB write %d to a new cluster on a full file system: %v, want ErrNoSpace by now", i, err)
+		}
+		lba += 16 // the next 64 KiB cluster
+	}
 }

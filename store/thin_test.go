@@ -748,6 +748,56 @@ func TestRawDeviceListedWhileServed(t *testing.T) {
 	}
 }
 
+// TestRawDeviceWriteZeroesAllocated: on a raw volume that is a block
+// device, WriteZeroesAllocated zeroes the blocks on the device itself
+// (fallocate ZERO_RANGE, the kernel's zero-out without unmapping): over
+// data and over blocks never written they read as zeros, and a loop
+// device passes that on to its sparse file as allocated blocks, which a
+// discard would have punched (as root, with losetup; skipped otherwise).
+func TestRawDeviceWriteZeroesAllocated(t *testing.T) {
+	ctx := context.Background()
+	s := openThin(t)
+	defer s.Close()
+	loop, img := loopDeviceImage(t, 16<<20)
+	if _, err := s.CreateVolume(ctx, "dev", 0, store.CreateOptions{Raw: loop}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.OpenVolume(ctx, "dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	data := bytes.Repeat([]byte{0x5a}, 1<<20)
+	if err := v.WriteBlocks(ctx, 0, data, true); err != nil {
+		t.Fatal(err)
+	}
+	const at, n = 1 << 20 / store.BlockSize / 2, 2 << 20 / store.BlockSize // half data, half never written
+	if err := v.WriteZeroesAllocated(ctx, at, n, true); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4<<20)
+	if err := v.ReadBlocks(ctx, 0, got); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range got {
+		want := byte(0)
+		if i < at*store.BlockSize {
+			want = 0x5a
+		}
+		if b != want {
+			t.Fatalf("byte %d reads %#x, want %#x", i, b, want)
+		}
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(img, &st); err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(at+n) * store.BlockSize; st.Blocks*512 < want {
+		t.Fatalf("the loop device's file holds %d bytes, want at least %d: the zeroed blocks were not kept allocated",
+			st.Blocks*512, want)
+	}
+}
+
 // TestNewDataFileSyncsDirectory: a data file's name is made durable (its
 // directory fsynced) before the commit that maps clusters into it, once
 // per new file; a failed directory sync fails that commit and the store.

@@ -177,6 +177,57 @@ func (v *volume) discard(ctx context.Context, op string, lba, count uint64, fua 
 	return nil
 }
 
+func (v *volume) WriteZeroesAllocated(ctx context.Context, lba, count uint64, fua bool) error {
+	const op = "write-zeroes-allocated"
+	defer v.mu.RUnlock()
+	if err := v.beginWrite(ctx, lba, count); err != nil {
+		return v.opError(op, lba, count, err)
+	}
+	var err error
+	if count > 0 {
+		if za, ok := v.dev.(zeroAllocator); ok {
+			err = za.zeroAllocated(ctx, lba, count)
+		} else {
+			err = writeZeroBlocks(ctx, v.dev, lba, count)
+		}
+	}
+	if err == nil && fua {
+		err = v.dev.flush(ctx)
+	}
+	if err != nil {
+		return v.opError(op, lba, count, err)
+	}
+	return nil
+}
+
+// zeroChunk is the zeros writeZeroBlocks writes at a time, shared by every
+// caller: the devices only read a write's source, never write into it.
+var zeroChunk = make([]byte, zeroChunkBlocks*BlockSize)
+
+// zeroChunkBlocks is the blocks of zeroChunk (1 MiB): each write of it
+// locks that much of the volume, not the whole range.
+const zeroChunkBlocks = 256
+
+// writeZeroBlocks zeroes count blocks at lba by writing zeros, as any
+// write: every backend then allocates them as it allocates written data
+// (the thin store maps a cluster of the volume's own, copying a shared
+// one first, and writes it; the memory store keeps the blocks; a file
+// gets its blocks written, which SEEK_DATA reports as data; rbd writes
+// the objects), so later writes need no new space.
+func writeZeroBlocks(ctx context.Context, dev blockDevice, lba, count uint64) error {
+	for count > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n := min(count, zeroChunkBlocks)
+		if err := dev.write(ctx, lba, zeroChunk[:n*BlockSize], false); err != nil {
+			return err
+		}
+		lba, count = lba+n, count-n
+	}
+	return nil
+}
+
 func (v *volume) BlockStatus(ctx context.Context, lba, count uint64, fn func(Extent) bool) error {
 	defer v.mu.RUnlock()
 	if err := v.begin(ctx, lba, count); err != nil {

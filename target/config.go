@@ -45,7 +45,11 @@ type Config struct {
 	// LegacyLogin refuses a LOGIN with FlagInline as malformed, as targets
 	// before inline reads did (for compatibility tests).
 	LegacyLogin bool
-	BufferBytes int64 // memory for grants, READ and WRITE_REQ buffers: 256 MiB
+	// LegacyNoHole refuses a LOGIN with FlagNoHole as malformed, as
+	// targets before WRITE_ZEROES kept ranges allocated did (for
+	// compatibility tests).
+	LegacyNoHole bool
+	BufferBytes  int64 // memory for grants, READ and WRITE_REQ buffers: 256 MiB
 
 	MaxSessions      int // sessions at once: 256 (and 63 per volume)
 	MaxQPsPerSession int // 8

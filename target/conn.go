@@ -37,9 +37,12 @@ type conn struct {
 	inline int
 	// extents: the LOGIN asked for BLOCK_STATUS, and the WELCOME granted it.
 	extents bool
-	inArea  int
-	inBuf   []byte
-	inMR    *rnic.MR
+	// noHole: the LOGIN asked for WRITE_ZEROES with FlagNoHole, and the
+	// WELCOME granted it.
+	noHole bool
+	inArea int
+	inBuf  []byte
+	inMR   *rnic.MR
 
 	slots  []slot
 	grants grantTable

@@ -333,8 +333,11 @@ func (c *conn) doDiscard(s *slot, m blockproto.Command) {
 	}
 	off, n := m.Offset(), m.Length()
 	chk := mutationCheck{status: c.checkIO(off, n, 0)}
+	if chk.status == blockproto.StatusOK && m.NoHole() && !c.noHole {
+		chk.status = blockproto.StatusInvalid // the WELCOME did not grant it
+	}
 	if chk.status == blockproto.StatusOK {
-		chk = c.discard(s, kind, off, uint64(n), m.FUA(), m.Token())
+		chk = c.discard(s, kind, off, uint64(n), m.FUA(), m.NoHole(), m.Token())
 	}
 	if chk.fenced {
 		return // not answered: replayed at the target that took over
@@ -344,8 +347,10 @@ func (c *conn) doDiscard(s *slot, m blockproto.Command) {
 	c.answer(s, chk.status, chk.value, chk.detail)
 }
 
-// discard trims (whole blocks only) or zeroes a range.
-func (c *conn) discard(s *slot, kind OpKind, off, n uint64, fua bool, token uint64) mutationCheck {
+// discard trims (whole blocks only) or zeroes a range; with noHole the
+// zeroed blocks stay allocated (WriteZeroesAllocated; the partial edge
+// blocks are written, which allocates them too).
+func (c *conn) discard(s *slot, kind OpKind, off, n uint64, fua, noHole bool, token uint64) mutationCheck {
 	vol := c.sess.vol
 	end := off + n
 	first, last := off/blk, (end-1)/blk
@@ -370,8 +375,12 @@ func (c *conn) discard(s *slot, kind OpKind, off, n uint64, fua bool, token uint
 	r := vol.lockBlocks(first, last-first+1, pFirst, pLast)
 	defer r.unlock()
 	if fullEnd > fullFirst {
-		if err := vol.v.WriteZeroes(c.Context(), fullFirst, fullEnd-fullFirst, fua); err != nil {
-			return c.ioFailed("write-zeroes", off, int(n), err)
+		zero, what := vol.v.WriteZeroes, "write-zeroes"
+		if noHole {
+			zero, what = vol.v.WriteZeroesAllocated, "write-zeroes allocated"
+		}
+		if err := zero(c.Context(), fullFirst, fullEnd-fullFirst, fua); err != nil {
+			return c.ioFailed(what, off, int(n), err)
 		}
 	}
 	// Partial edge blocks: zero the covered part (one block if the range

@@ -95,6 +95,9 @@ func (t *Target) accept(ctx context.Context, req *rnic.ConnRequest, c *conn) err
 	if err == nil && t.cfg.LegacyLogin && lm.Inline() != 0 {
 		err = fmt.Errorf("LOGIN with unknown flags 0x%04x", blockproto.FlagInline)
 	}
+	if err == nil && t.cfg.LegacyNoHole && lm.NoHole() {
+		err = fmt.Errorf("LOGIN with unknown flags 0x%04x", blockproto.FlagNoHole)
+	}
 	if err != nil {
 		return refuse(blockproto.StatusProtocol, "malformed LOGIN", err)
 	}
@@ -248,6 +251,9 @@ func (t *Target) welcome(c *conn, secret []byte, login blockproto.Login,
 	}
 	if login.Extents() {
 		c.extents, f.Extents = true, true
+	}
+	if login.NoHole() {
+		c.noHole, f.NoHole = true, true
 	}
 	var wrs []rnic.SendWR
 	var frs [blockproto.MaxWelcomeGrants]rnic.FastReg

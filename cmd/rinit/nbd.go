@@ -37,7 +37,10 @@ func nbdCommand() *cli.Command {
 		Usage: "serve the volume to NBD clients",
 		Description: "Logs in to the volume and serves it over the NBD protocol (fixed newstyle) with FLUSH, FUA,\n" +
 			"TRIM, WRITE_ZEROES and multi-conn: every NBD connection shares the one session, and a flush\n" +
-			"on any of them reaches the target's store sync. Try: nbdinfo nbd://127.0.0.1:10809",
+			"on any of them reaches the target's store sync. A lost session is re-established (at the next\n" +
+			"--target) and its requests replayed; when every target refuses the login for good (the volume\n" +
+			"is gone, the secret changed), rinit ends the NBD connections and exits with an error.\n" +
+			"Try: nbdinfo nbd://127.0.0.1:10809",
 		Flags:  flags,
 		Before: clix.LoadConfig,
 		Action: runNBD,
@@ -104,9 +107,10 @@ func fileKind(m os.FileMode) string {
 // commands of a burst sent together): a change of signature on either
 // side fails the build here instead of silently losing them.
 var (
-	_ nbd.AsyncBackend  = (*initiator.Client)(nil)
-	_ nbd.Plugger       = (*initiator.Client)(nil)
-	_ nbd.BlockStatuser = (*initiator.Client)(nil)
+	_ nbd.AsyncBackend    = (*initiator.Client)(nil)
+	_ nbd.Plugger         = (*initiator.Client)(nil)
+	_ nbd.BlockStatuser   = (*initiator.Client)(nil)
+	_ nbd.AllocatedZeroer = (*initiator.Client)(nil)
 )
 
 func export(c *cli.Context, cl *initiator.Client) nbd.Export {
@@ -119,7 +123,7 @@ func export(c *cli.Context, cl *initiator.Client) nbd.Export {
 }
 
 func runNBD(c *cli.Context) error {
-	log, err := clix.Logger(c, os.Stderr)
+	log, err := clix.Logger(c, c.App.ErrWriter)
 	if err != nil {
 		return err
 	}
@@ -152,14 +156,19 @@ func runNBD(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	ctx, sigs, stop := stopOnSignal(c.Context)
+	sigCtx, sigs, stop := stopOnSignal(c.Context)
 	defer stop()
+	ctx, lost, stopWatch := untilGivenUp(sigCtx, c, log, cl)
+	defer stopWatch()
 	srv := &nbd.Server{Exports: []nbd.Export{export(c, cl)}, Logger: log}
 	log.Info("serving NBD", "listen", ln.Addr().String(), "volume", c.String("volume"), "size", cl.Size(), "target", c.String("target"))
 	serr := srv.Serve(ctx, ln)
 	// Whatever the NBD side did, make acknowledged writes durable.
 	ferr := finalFlush(c, log, cl, sigs)
 	cerr := cl.Close()
+	if err := lost(); err != nil {
+		return errors.Join(err, ferr)
+	}
 	if serr != nil && !errors.Is(serr, context.Canceled) && ctx.Err() == nil {
 		return fmt.Errorf("nbd: %w", serr)
 	}
@@ -167,6 +176,42 @@ func runNBD(c *cli.Context) error {
 		return ferr
 	}
 	return cerr
+}
+
+// untilGivenUp returns a context that ends with parent, or as soon as the
+// initiator gives up on the volume for good (initiator.Client.GaveUp:
+// every --target refused to log it in again for good, e.g. the volume is
+// gone there). Until then a lost session is only waited for: the
+// initiator reconnects and replays, and the NBD clients see nothing but a
+// delay. Once it gave up, every request would fail with EIO for as long
+// as rinit ran, so it logs the cause as an error and the context ends:
+// the NBD server stops taking requests, answers those in flight (they
+// fail: nothing is acknowledged that the target did not do) and closes
+// its connections, so the clients see the export gone. lost then returns
+// the error rinit exits with (nil while the initiator has not given up);
+// stop ends the watch.
+func untilGivenUp(parent context.Context, c *cli.Context, log *slog.Logger, cl *initiator.Client) (ctx context.Context,
+	lost func() error, stop func()) {
+	ctx, cancel := context.WithCancel(parent)
+	go func() {
+		select {
+		case <-cl.GaveUp():
+			log.Error("the initiator gave up on the target: ending the NBD connections", "target", c.String("target"),
+				"volume", c.String("volume"), "err", cl.Err())
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	lost = func() error {
+		select {
+		case <-cl.GaveUp():
+			return fmt.Errorf("the session with target %s for volume %s is lost for good (the initiator gave up reconnecting): %w",
+				c.String("target"), c.String("volume"), cl.Err())
+		default:
+			return nil
+		}
+	}
+	return ctx, lost, cancel
 }
 
 // stopOnSignal returns a context that the first SIGINT or SIGTERM ends;
@@ -229,7 +274,8 @@ func attachCommand() *cli.Command {
 		Name:  "attach",
 		Usage: "connect the volume to a Linux NBD device (/dev/nbdX)",
 		Description: "Needs the nbd kernel module (modprobe nbd) and root. The device stays connected until rinit\n" +
-			"is stopped (SIGINT/SIGTERM), which flushes and disconnects it.",
+			"is stopped (SIGINT/SIGTERM), which flushes and disconnects it, or until every target refuses\n" +
+			"the login for good: then rinit disconnects it and exits with an error.",
 		Flags:  flags,
 		Before: clix.LoadConfig,
 		Action: runAttach,
@@ -268,7 +314,7 @@ func nbdIoctl(f *os.File, req, arg uintptr) error {
 // socket first, and its NBD_OPT_GO carries a zero option length, which a
 // conforming server rejects.)
 func runAttach(c *cli.Context) error {
-	log, err := clix.Logger(c, os.Stderr)
+	log, err := clix.Logger(c, c.App.ErrWriter)
 	if err != nil {
 		return err
 	}
@@ -318,8 +364,12 @@ func runAttach(c *cli.Context) error {
 			return fmt.Errorf("%s: %s: %w", dev, s.name, err)
 		}
 	}
-	ctx, sigs, stop := stopOnSignal(c.Context)
+	sigCtx, sigs, stop := stopOnSignal(c.Context)
 	defer stop()
+	// ctx also ends when the initiator gives up on the target: the device
+	// is then disconnected as on SIGTERM, and rinit exits with the cause.
+	ctx, lost, stopWatch := untilGivenUp(sigCtx, c, log, cl)
+	defer stopWatch()
 	srv := &nbd.Server{Exports: []nbd.Export{exp}, Logger: log}
 	srvCtx, cancelSrv := context.WithCancel(context.Background())
 	defer cancelSrv()
@@ -343,7 +393,8 @@ func runAttach(c *cli.Context) error {
 	case <-ctx.Done():
 		log.Info("detaching", "device", dev)
 		// What nbd-client -d does: the kernel flushes, sends NBD_CMD_DISC
-		// and NBD_DO_IT returns.
+		// and NBD_DO_IT returns. After the initiator gave up, the flush
+		// and the requests queued fail (EIO) and the device goes away.
 		if err := nbdIoctl(f, nbdDisconnect, 0); err != nil {
 			log.Warn("NBD_DISCONNECT", "err", err)
 		}
@@ -355,8 +406,12 @@ func runAttach(c *cli.Context) error {
 	if err := <-served; err != nil {
 		log.Warn("nbd transmission ended", "err", err)
 	}
-	if err := finalFlush(c, log, cl, sigs); err != nil {
-		return err
+	ferr := finalFlush(c, log, cl, sigs)
+	if err := lost(); err != nil {
+		return errors.Join(err, ferr)
+	}
+	if ferr != nil {
+		return ferr
 	}
 	if doErr != nil && ctx.Err() == nil {
 		return fmt.Errorf("%s: NBD_DO_IT: %w", dev, doErr)

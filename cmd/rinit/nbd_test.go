@@ -53,9 +53,16 @@ func (h logCount) count(msg string) int {
 // the NBD server exporting it. It returns the NBD address.
 func nbdStack(t *testing.T, log *slog.Logger) string {
 	t.Helper()
-	ctx := context.Background()
 	st := store.NewMemory()
 	t.Cleanup(func() { st.Close() })
+	return nbdStackOn(t, log, st)
+}
+
+// nbdStackOn is nbdStack on st (which the caller closes), where it
+// creates the volume "vol".
+func nbdStackOn(t *testing.T, log *slog.Logger, st store.Store) string {
+	t.Helper()
+	ctx := context.Background()
 	if _, err := st.CreateVolume(ctx, "vol", 16<<20, store.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

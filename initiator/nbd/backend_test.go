@@ -67,10 +67,15 @@ func (m *memBackend) Trim(ctx context.Context, off, n int64) error {
 		return err
 	}
 	m.trims.Add(1)
+	m.clear(off, n)
+	return nil
+}
+
+// clear zeroes n bytes at off.
+func (m *memBackend) clear(off, n int64) {
 	m.mu.Lock()
 	clear(m.data[off : off+n])
 	m.mu.Unlock()
-	return nil
 }
 
 func (m *memBackend) WriteZeroes(ctx context.Context, off, n int64, fua bool) error {
@@ -81,9 +86,7 @@ func (m *memBackend) WriteZeroes(ctx context.Context, off, n int64, fua bool) er
 	if fua {
 		m.fuaZeroes.Add(1)
 	}
-	m.mu.Lock()
-	clear(m.data[off : off+n])
-	m.mu.Unlock()
+	m.clear(off, n)
 	return nil
 }
 

@@ -99,16 +99,43 @@ func (t *transmission) execute(r *request) {
 			err = be.Flush(ctx)
 		}
 	case CmdWriteZeroes:
-		// NBD_CMD_FLAG_NO_HOLE asks for allocated zeroes; the Backend
-		// contract only promises zeroes, which is what reads see either
-		// way.
-		err = be.WriteZeroes(ctx, off, n, fua)
+		switch az, ok := be.(AllocatedZeroer); {
+		case r.flags&CmdFlagNoHole == 0:
+			// The server may punch holes: WriteZeroes may.
+			err = be.WriteZeroes(ctx, off, n, fua)
+		case ok:
+			err = az.WriteZeroesAllocated(ctx, off, n, fua)
+		default:
+			err = t.writeZeroes(off, n, fua)
+		}
 	case CmdCache:
 		// Advisory and not advertised; accepted as a no-op.
 	case CmdBlockStatus:
 		err = t.blockStatus(r)
 	}
 	t.finish(r, err)
+}
+
+// zeroPayload is the data writeZeroes writes: zeros, shared by every
+// request (a Backend only reads what WriteAt is given).
+var zeroPayload = make([]byte, 1<<20)
+
+// writeZeroes serves NBD_CMD_FLAG_NO_HOLE for a Backend that is no
+// AllocatedZeroer: zeroes written with WriteAt, in pieces of at most the
+// export's maximum payload, are allocated as any written data; for FUA a
+// Flush follows (it covers every piece).
+func (t *transmission) writeZeroes(off, n int64, fua bool) error {
+	be, ctx := t.sel.exp.Backend, t.ctx
+	piece := min(int64(len(zeroPayload)), int64(t.sel.exp.MaxBlock))
+	for at := int64(0); at < n; at += piece {
+		if err := be.WriteAt(ctx, zeroPayload[:min(piece, n-at)], off+at, false); err != nil {
+			return err
+		}
+	}
+	if fua {
+		return be.Flush(ctx)
+	}
+	return nil
 }
 
 // maxDescriptors bounds the descriptors of one BLOCK_STATUS reply: the

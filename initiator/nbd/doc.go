@@ -79,9 +79,10 @@
 // classes.
 //
 // Commands: READ, WRITE (FUA), FLUSH, TRIM (FUA: trim then Flush),
-// WRITE_ZEROES (FUA; NO_HOLE is accepted and served as plain zeroing),
-// CACHE (accepted as a no-op, not advertised), BLOCK_STATUS (with
-// base:allocation selected; REQ_ONE honoured) and DISC.
+// WRITE_ZEROES (FUA; with NO_HOLE the range is kept allocated: an
+// AllocatedZeroer Backend's WriteZeroesAllocated, else zeroes written with
+// WriteAt), CACHE (accepted as a no-op, not advertised), BLOCK_STATUS
+// (with base:allocation selected; REQ_ONE honoured) and DISC.
 //
 // Replies are simple unless structured replies were negotiated; then a
 // READ gets one chunk, NBD_REPLY_TYPE_OFFSET_DATA (or NONE for a length of

@@ -77,6 +77,17 @@ type BlockStatuser interface {
 	BlockStatus(ctx context.Context, off, length int64, fn func(n int64, hole bool) bool) error
 }
 
+// AllocatedZeroer is an optional Backend interface for
+// NBD_CMD_WRITE_ZEROES with NBD_CMD_FLAG_NO_HOLE, which the specification
+// says must leave the area fully provisioned (later writes there must not
+// fail for lack of space): WriteZeroesAllocated makes the range read back
+// as zeroes and keeps it allocated; with fua set it must be durable on
+// return. For a Backend without it the server writes zeroes with WriteAt
+// (and flushes for FUA), which allocates them as written data.
+type AllocatedZeroer interface {
+	WriteZeroesAllocated(ctx context.Context, off, length int64, fua bool) error
+}
+
 // Plugger is an optional Backend interface: Plug holds back the requests
 // started from now on until Unplug is called on what it returns, so that
 // requests read from the client in one burst reach the backend's transport

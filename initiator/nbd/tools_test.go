@@ -263,9 +263,9 @@ func TestQemuIO(t *testing.T) {
 		"read -P 0xee 3M 128k",
 		"flush",
 		"discard 0 512k",
-		"write -z 4M 1M",
+		"write -z 4M 1M", // NO_HOLE: written as zeroes, memBackend being no AllocatedZeroer
 		"read -P 0 4M 1M",
-		"write -z 1M 128k",
+		"write -z -u 1M 128k", // may unmap: WriteZeroes
 		"read -P 0 1M 128k",
 		"read -P 0xab 512k 512k",
 	)

@@ -57,17 +57,28 @@ func TestCommands(t *testing.T) {
 		t.Errorf("trim: backend trims %d flushes %d, want 1 and 2", m.trims.Load(), m.flushes.Load())
 	}
 
-	// WRITE_ZEROES with FUA and NO_HOLE.
-	if r := c.do(CmdWriteZeroes, CmdFlagFUA|CmdFlagNoHole, 16384, 8192, nil); r.errno != 0 {
+	// WRITE_ZEROES with FUA.
+	if r := c.do(CmdWriteZeroes, CmdFlagFUA, 16384, 8192, nil); r.errno != 0 {
 		t.Fatalf("write zeroes: %d", r.errno)
 	}
 	if m.zeroes.Load() != 1 || m.fuaZeroes.Load() != 1 {
 		t.Errorf("write zeroes: backend %d fua %d", m.zeroes.Load(), m.fuaZeroes.Load())
 	}
+	// With NO_HOLE too: a Backend that is no AllocatedZeroer gets the
+	// zeroes written (WriteAt), then for FUA a flush.
+	writes, flushes := m.writes.Load(), m.flushes.Load()
+	if r := c.do(CmdWriteZeroes, CmdFlagFUA|CmdFlagNoHole, 24576, 4096, nil); r.errno != 0 {
+		t.Fatalf("write zeroes with NO_HOLE: %d", r.errno)
+	}
+	if m.zeroes.Load() != 1 || m.writes.Load() != writes+1 || m.fuaWrites.Load() != 1 || m.flushes.Load() != flushes+1 {
+		t.Errorf("write zeroes with NO_HOLE: backend write-zeroes %d (want 1), writes +%d (want 1), FUA writes %d "+
+			"(want 1), flushes +%d (want 1)", m.zeroes.Load(), m.writes.Load()-writes, m.fuaWrites.Load(), m.flushes.Load()-flushes)
+	}
 	r := c.do(CmdRead, 0, 8192, uint32(len(p)), nil)
 	want := append([]byte(nil), p...)
-	clear(want[0:4096])     // trimmed (the memory backend zeroes)
-	clear(want[8192:16384]) // zeroed
+	clear(want[0:4096])      // trimmed (the memory backend zeroes)
+	clear(want[8192:16384])  // zeroed
+	clear(want[16384:20480]) // zeroed with NO_HOLE
 	if r.errno != 0 || !bytes.Equal(r.data, want) {
 		t.Fatalf("read after trim/zero: errno %d, data wrong", r.errno)
 	}
@@ -538,4 +549,76 @@ func TestRefusedWritePayloadUnplugs(t *testing.T) {
 	}
 	c.send(CmdDisc, 0, 9, 0, 0, nil)
 	s.expectEnd(t, c, nil)
+}
+
+// allocMem is a memBackend that is an AllocatedZeroer.
+type allocMem struct {
+	*memBackend
+	allocated, fuaAllocated atomic.Int64
+}
+
+func (a *allocMem) WriteZeroesAllocated(ctx context.Context, off, n int64, fua bool) error {
+	a.allocated.Add(1)
+	if fua {
+		a.fuaAllocated.Add(1)
+	}
+	a.clear(off, n)
+	return nil
+}
+
+// TestWriteZeroesNoHole: NBD_CMD_WRITE_ZEROES with NBD_CMD_FLAG_NO_HOLE
+// reaches an AllocatedZeroer's WriteZeroesAllocated (FUA passed on),
+// without it WriteZeroes; a Backend that is no AllocatedZeroer gets the
+// zeroes written with WriteAt in pieces of at most the export's maximum
+// payload, without FUA, and one flush for FUA.
+func TestWriteZeroesNoHole(t *testing.T) {
+	a := &allocMem{memBackend: newMem(4 << 20)}
+	plain := newMem(4 << 20)
+	s := serve(t, &Server{Exports: []Export{{Name: "alloc", Backend: a}, {Name: "plain", Backend: plain, MaxBlock: 64 << 10}}})
+	data := pattern(2<<20, 5)
+
+	c := dial(t, s.addr, clientFlagFixedNewstyle)
+	c.goExport("alloc")
+	if r := c.do(CmdWrite, 0, 0, uint32(len(data)), data); r.errno != 0 {
+		t.Fatalf("write: %d", r.errno)
+	}
+	if r := c.do(CmdWriteZeroes, CmdFlagNoHole, 4096, 8192, nil); r.errno != 0 {
+		t.Fatalf("NO_HOLE: %d", r.errno)
+	}
+	if r := c.do(CmdWriteZeroes, CmdFlagNoHole|CmdFlagFUA, 1<<20, 1<<20, nil); r.errno != 0 {
+		t.Fatalf("NO_HOLE with FUA: %d", r.errno)
+	}
+	if r := c.do(CmdWriteZeroes, 0, 65536, 4096, nil); r.errno != 0 {
+		t.Fatalf("without NO_HOLE: %d", r.errno)
+	}
+	if a.allocated.Load() != 2 || a.fuaAllocated.Load() != 1 || a.zeroes.Load() != 1 || a.writes.Load() != 1 {
+		t.Errorf("AllocatedZeroer: WriteZeroesAllocated %d (FUA %d), WriteZeroes %d, writes %d; want 2 (1), 1, 1",
+			a.allocated.Load(), a.fuaAllocated.Load(), a.zeroes.Load(), a.writes.Load())
+	}
+	want := bytes.Clone(data)
+	clear(want[4096 : 4096+8192])
+	clear(want[1<<20 : 2<<20])
+	clear(want[65536 : 65536+4096])
+	if !bytes.Equal(a.snapshot(0, 2<<20), want) {
+		t.Error("the AllocatedZeroer backend does not hold the zeroes")
+	}
+
+	c = dial(t, s.addr, clientFlagFixedNewstyle)
+	c.goExport("plain")
+	if r := c.do(CmdWrite, 0, 0, 64<<10, data[:64<<10]); r.errno != 0 {
+		t.Fatalf("write: %d", r.errno)
+	}
+	if r := c.do(CmdWriteZeroes, CmdFlagNoHole|CmdFlagFUA, 4096, 1<<20, nil); r.errno != 0 {
+		t.Fatalf("NO_HOLE on a plain backend: %d", r.errno)
+	}
+	if plain.writes.Load() != 1+16 || plain.fuaWrites.Load() != 0 || plain.flushes.Load() != 1 || plain.zeroes.Load() != 0 {
+		t.Errorf("plain backend: writes %d (want 1 + 16 pieces of 64 KiB), FUA writes %d, flushes %d, write-zeroes %d",
+			plain.writes.Load(), plain.fuaWrites.Load(), plain.flushes.Load(), plain.zeroes.Load())
+	}
+	want = bytes.Clone(data[:2<<20])
+	clear(want[64<<10:])
+	clear(want[4096 : 4096+1<<20])
+	if !bytes.Equal(plain.snapshot(0, 2<<20), want) {
+		t.Error("the plain backend does not hold the zeroes")
+	}
 }

@@ -84,13 +84,16 @@ func randomWorker(ctx context.Context, v store.Volume, w, workers, stripe, block
 			for i := range uint64(n) {
 				model[lba+i] = tag
 			}
-		case op < 50: // trim or write-zeroes
+		case op < 50: // trim, write-zeroes or write-zeroes keeping the blocks allocated
 			lba, n := ownRange(stripe)
 			var err error
-			if op < 45 {
+			switch {
+			case op < 45:
 				err = v.Trim(ctx, lba, uint64(n))
-			} else {
-				err = v.WriteZeroes(ctx, lba, uint64(n), op == 49)
+			case op < 47:
+				err = v.WriteZeroes(ctx, lba, uint64(n), op == 46)
+			default:
+				err = v.WriteZeroesAllocated(ctx, lba, uint64(n), op == 49)
 			}
 			if err != nil {
 				return err

@@ -182,10 +182,13 @@ func Model(t *testing.T, o ModelOptions) {
 			cnt := 1 + rng.IntN(blocks-lba)
 			v := open(n)
 			var err error
-			if rng.IntN(2) == 0 {
+			switch rng.IntN(3) {
+			case 0:
 				err = v.Trim(ctx, uint64(lba), uint64(cnt))
-			} else {
+			case 1:
 				err = v.WriteZeroes(ctx, uint64(lba), uint64(cnt), rng.IntN(4) == 0)
+			default:
+				err = v.WriteZeroesAllocated(ctx, uint64(lba), uint64(cnt), rng.IntN(4) == 0)
 			}
 			v.Close()
 			if err != nil {

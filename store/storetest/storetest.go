@@ -57,6 +57,7 @@ func Run(t *testing.T, o Options) {
 		{"ClosedStore", testClosedStore},
 		{"CancelledContext", testCancelledContext},
 		{"BlockStatus", testBlockStatus},
+		{"WriteZeroesAllocated", testWriteZeroesAllocated},
 		{"SetMetaAndStat", testSetMetaAndStat},
 		{"Resize", testResize},
 		{"Snapshots", testSnapshots},

@@ -116,6 +116,94 @@ func testBlockStatus(t *testing.T, s *suite) {
 	checkHolesReadZeros(t, v, es)
 }
 
+// testWriteZeroesAllocated: WriteZeroesAllocated makes blocks read as
+// zeros and keeps them allocated: BlockStatus reports them as data (over
+// data, over blocks never written, across the two, in part of an
+// allocation unit, at the volume's end), and the space figures count
+// them. Blocks a snapshot or a clone's origin shares get blocks of the
+// volume's own: the snapshot keeps its data, the head's zeros are
+// exclusive to it.
+func testWriteZeroesAllocated(t *testing.T, s *suite) {
+	ctx := context.Background()
+	const n = 2 * mib / bs
+	v := s.mustCreate("za", 2*mib)
+	defer v.Close()
+	model := make([]byte, n*bs)
+	copy(model, Pattern(0, 256, 31))
+	mustWrite(t, v, 0, model[:256*bs])
+	ranges := []struct {
+		what       string
+		lba, count uint64
+		fua        bool
+	}{
+		{"whole clusters of data", 16, 32, false},
+		{"part of a cluster, FUA", 101, 3, true},
+		{"never written", 300, 40, false},
+		{"data, then never written", 250, 20, false},
+		{"the last block", n - 1, 1, false},
+	}
+	for _, r := range ranges {
+		mustZeroAllocated(t, v, r.lba, r.count, r.fua, r.what)
+		clear(model[r.lba*bs : (r.lba+r.count)*bs])
+	}
+	equalBlocks(t, "after WriteZeroesAllocated", 0, mustRead(t, v, 0, n), model)
+	checkHolesReadZeros(t, v, extents(t, v))
+	// The 256 blocks written, and the zeroed blocks past them.
+	if st := s.stat("za"); st.Allocated < (256+40+14+1)*bs {
+		t.Fatalf("allocated %d bytes after zeroing allocated, want at least %d", st.Allocated, (256+40+14+1)*bs)
+	}
+	if err := v.WriteZeroesAllocated(ctx, 7, 0, true); err != nil {
+		t.Fatalf("WriteZeroesAllocated of no blocks: %v", err)
+	}
+	wantErr(t, "WriteZeroesAllocated past the end", v.WriteZeroesAllocated(ctx, n-1, 2, false), store.ErrOutOfRange)
+	equalBlocks(t, "after refused WriteZeroesAllocated", 0, mustRead(t, v, 0, n), model)
+
+	if snapshotsUnsupported(t, s) {
+		return
+	}
+	snapData := Pattern(384, 64, 32)
+	mustWrite(t, v, 384, snapData)
+	mustSnap(t, s, "za", "s")
+	mustZeroAllocated(t, v, 384, 64, false, "blocks a snapshot shares")
+	if st := s.stat("za"); st.Exclusive < 64*bs {
+		t.Fatalf("head exclusive %d bytes after zeroing 64 shared blocks allocated, want at least %d", st.Exclusive, 64*bs)
+	}
+	sv := s.mustOpen("za@s")
+	equalBlocks(t, "the snapshot after the head's WriteZeroesAllocated", 384, mustRead(t, sv, 384, 64), snapData)
+	wantErr(t, "WriteZeroesAllocated on a snapshot", sv.WriteZeroesAllocated(ctx, 0, 1, false), store.ErrReadOnly)
+	sv.Close()
+
+	// A clone reads blocks 0-15 from its origin: zeroed allocated, they
+	// become its own.
+	mustClone(t, s, "za", "s", "zc")
+	cv := s.mustOpen("zc")
+	defer cv.Close()
+	mustZeroAllocated(t, cv, 0, 16, true, "a clone's origin data")
+	if st := s.stat("zc"); st.Allocated < 16*bs {
+		t.Fatalf("clone allocated %d bytes after zeroing 16 blocks allocated, want at least %d", st.Allocated, 16*bs)
+	}
+	equalBlocks(t, "the origin after its clone's WriteZeroesAllocated", 0, mustRead(t, v, 0, 16), model[:16*bs])
+}
+
+// mustZeroAllocated runs WriteZeroesAllocated over count blocks at lba
+// (what says where they are) and checks that they read as zeros and that
+// BlockStatus reports none of them as a hole.
+func mustZeroAllocated(t *testing.T, v store.Volume, lba, count uint64, fua bool, what string) {
+	t.Helper()
+	if err := v.WriteZeroesAllocated(context.Background(), lba, count, fua); err != nil {
+		t.Fatalf("WriteZeroesAllocated(%d, %d) over %s: %v", lba, count, what, err)
+	}
+	if !IsZero(mustRead(t, v, lba, int(count))) {
+		t.Fatalf("%s: blocks %d+%d do not read as zeros after WriteZeroesAllocated", what, lba, count)
+	}
+	es := extents(t, v)
+	for b := lba; b < lba+count; b++ {
+		if holeAt(es, b) {
+			t.Fatalf("%s: block %d, zeroed allocated, reported as a hole: %+v", what, b, es)
+		}
+	}
+}
+
 func testSetMetaAndStat(t *testing.T, s *suite) {
 	ctx := context.Background()
 	if _, err := s.create("m", mib); err != nil {

@@ -982,7 +982,9 @@ func (r *rxState) apply() (rxEnd, bool) {
 		c.respMu.Unlock()
 		r.respQueued = true // sent at the batch's end
 	case actTermRecv:
-		r.terminateReceived(a.term)
+		if !r.terminateReceived(a.term) {
+			return endProtocol, true // our Terminate goes out (conn.fail)
+		}
 		return endTermRecv, true
 	}
 	return 0, false
@@ -1039,10 +1041,23 @@ func (r *rxState) writeResult(s SGE, v uint64) Status {
 // another message (a Write or a Send, completed when handed to TCP) or none
 // (the peer's local error) concerns no outstanding WR. Every other WR is
 // flushed when the stream ends.
-func (r *rxState) terminateReceived(f rdmap.TerminateFields) {
+//
+// A Terminate that arrives once the stream has failed locally (conn.fail
+// ran after the receive checked the QP's state at this FPDU's start) is a
+// segment arriving in Terminate, which is not processed (draft Fig. 9): the
+// QP keeps the Terminate it recorded, which is still sent (draft §6.2.3:
+// only a Terminate state entered on a received Terminate sends none), and
+// no WR completes and no event is raised for the peer's. It reports
+// whether the Terminate was processed.
+func (r *rxState) terminateReceived(f rdmap.TerminateFields) bool {
 	qp := r.qp
 	c := r.c
 	qp.mu.Lock()
+	if c.failed {
+		qp.mu.Unlock()
+		c.log.Info("Terminate received after the stream failed: not processed", "cause", f.Cause.String())
+		return false
+	}
 	c.failed = true // a local error from now on sends no Terminate (conn.fail)
 	qp.term, qp.termSent = &f, false
 	if qp.state == StateRTS || qp.state == StateClosing {
@@ -1059,4 +1074,5 @@ func (r *rxState) terminateReceived(f rdmap.TerminateFields) {
 	c.log.Info("Terminate received", "cause", f.Cause.String())
 	c.dev.raise(AsyncEvent{Type: EventTerminateReceived, Resource: ResourceQP, QP: qp, QPID: qp.id, Terminate: &f,
 		Err: fmt.Errorf("peer terminated the stream: %s", f.Cause)})
+	return true
 }

@@ -107,6 +107,7 @@ type conn struct {
 	// failed is set once (under qp.mu), by the stream's first error: a
 	// local one (fail), with termOut the Terminate to send, or the peer's
 	// Terminate (rxState.terminateReceived), which gets none in reply.
+	// The first is the QP's Terminate; the other is not acted on.
 	failed  bool
 	termOut *rdmap.TerminateFields
 	aborted atomic.Bool
@@ -327,7 +328,8 @@ func (c *conn) setMode(m txMode) {
 // errors already reported in a completion pass 0. An error after the first,
 // or after the peer's Terminate arrived, changes nothing: the QP keeps the
 // Terminate it recorded, and a received Terminate is never answered (draft
-// T11).
+// T11). A peer's Terminate after this one is not processed either
+// (rxState.terminateReceived): f is still sent.
 func (c *conn) fail(f rdmap.TerminateFields, ev EventType, detail error) {
 	qp := c.qp
 	qp.mu.Lock()

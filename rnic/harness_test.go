@@ -53,7 +53,9 @@ func newSide(t testing.TB, name string, o pairOpts) *side {
 	s := &side{t: t, evCh: make(chan AsyncEvent, 64)}
 	cfg := o.cfg
 	cfg.Name = name
-	cfg.Logger = testLogger()
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger()
+	}
 	cfg.CloseTimeout = 2 * time.Second
 	cfg.AsyncHandler = func(ev AsyncEvent) {
 		s.evMu.Lock()

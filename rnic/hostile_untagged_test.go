@@ -42,17 +42,23 @@ func TestSendZeroLengthFirstSegment(t *testing.T) {
 
 // TestSendSegmentsDisagree: every segment of an untagged message carries
 // its first segment's RsvdULP (RFC 5041 §4.3), that is, for RDMAP, its
-// opcode and, for a Send with Invalidate, its Invalidate STag. A later
-// segment that names another opcode is refused as an invalid opcode (RFC
-// 5040 §7.2 step 2: Remote Operation / Unexpected OpCode, 0/2/0x06), one
-// that names another Invalidate STag as an invalid Invalidate STag (step
-// 4: Remote Protection / Invalid STag, 0/1/0x00). The Terminate echoes the
-// bad segment's DDP header; its payload is not placed, no STag is
-// invalidated and the receive does not complete successfully.
+// opcode, its RDMAP version and, for a Send with Invalidate, its
+// Invalidate STag. A later segment that names another opcode is refused as
+// an invalid opcode (RFC 5040 §7.2 step 2: Remote Operation / Unexpected
+// OpCode, 0/2/0x06), one with another version (both 01b and 00b are valid
+// on their own) as an invalid version (step 3: Remote Operation / Invalid
+// RDMAP Version, 0/2/0x05), one that names another Invalidate STag as an
+// invalid Invalidate STag (step 4: Remote Protection / Invalid STag,
+// 0/1/0x00). The Terminate echoes the bad segment's DDP header; its
+// payload is not placed, no STag is invalidated and the receive does not
+// complete successfully.
 func TestSendSegmentsDisagree(t *testing.T) {
 	cases := []struct {
 		name          string
 		first, second rdmap.Opcode
+		// rdmac1 and rdmac2 send the first or the second segment with
+		// RDMAP version 00b (the RDMA Consortium's) instead of 01b.
+		rdmac1, rdmac2 bool
 		// inv names the STags the two segments carry: the target's
 		// regions "w" and "va" (both remotely invalidatable).
 		inv1, inv2 string
@@ -73,6 +79,19 @@ func TestSendSegmentsDisagree(t *testing.T) {
 			cause: prot(term.ProtInvalidSTag), ev: EventInvalidSTag},
 		{name: "send-se-inv-stag-changes", first: rdmap.OpSendSEInv, second: rdmap.OpSendSEInv, inv1: "va", inv2: "w",
 			cause: prot(term.ProtInvalidSTag), ev: EventInvalidSTag},
+		{name: "send-then-rdmac-send", first: rdmap.OpSend, second: rdmap.OpSend, rdmac2: true,
+			cause: remoteOp(term.OpInvalidVersion), ev: EventInvalidRDMAVersion},
+		{name: "rdmac-send-se-then-send-se", first: rdmap.OpSendSE, second: rdmap.OpSendSE, rdmac1: true,
+			cause: remoteOp(term.OpInvalidVersion), ev: EventInvalidRDMAVersion},
+		{name: "rdmac-send-inv-then-send-inv", first: rdmap.OpSendInv, second: rdmap.OpSendInv, inv1: "w", inv2: "w",
+			rdmac1: true, cause: remoteOp(term.OpInvalidVersion), ev: EventInvalidRDMAVersion},
+	}
+	// rdmac sets a ULPDU's RDMAP version to 00b.
+	rdmac := func(u []byte, on bool) []byte {
+		if on {
+			u[1] = u[1]&^0xC0 | rdmap.VersionRDMAC<<6
+		}
+		return u
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -87,12 +106,12 @@ func TestSendSegmentsDisagree(t *testing.T) {
 			}
 			p := tt.dial(t, rawpeer.Options{CRC: true})
 			msn := p.NextMSN(rdmap.QNSend)
-			sendULPDU(t, p, p.Untagged(tc.first, false, stag(tc.inv1), rdmap.QNSend, msn, 0, []byte("ab")))
+			sendULPDU(t, p, rdmac(p.Untagged(tc.first, false, stag(tc.inv1), rdmap.QNSend, msn, 0, []byte("ab")), tc.rdmac1))
 			payload := []byte("cd")
 			if tc.second == rdmap.OpImmediate {
 				payload = []byte("cdefghij")
 			}
-			bad := sendULPDU(t, p, p.Untagged(tc.second, true, stag(tc.inv2), rdmap.QNSend, msn, 2, payload))
+			bad := sendULPDU(t, p, rdmac(p.Untagged(tc.second, true, stag(tc.inv2), rdmap.QNSend, msn, 2, payload), tc.rdmac2))
 			tm, _, err := p.ReadTerminate(10 * time.Second)
 			if err != nil {
 				var valid []string

@@ -38,11 +38,12 @@ type rxState struct {
 	recv       recvWQE
 	recvActive bool
 	recvTotal  uint64
-	// recvOp and recvInv are the opcode and Invalidate STag field of the
-	// first segment of the message in progress: every later segment must
-	// carry the same (RFC 5041 §4.3: all segments of a message hold the
-	// same RsvdULP).
+	// recvOp, recvRV and recvInv are the opcode, RDMAP version and
+	// Invalidate STag field of the first segment of the message in
+	// progress: every later segment must carry the same (RFC 5041 §4.3:
+	// all segments of a message hold the same RsvdULP).
 	recvOp  rdmap.Opcode
+	recvRV  uint8
 	recvInv uint32
 
 	act      rxAction
@@ -555,7 +556,7 @@ func (r *rxState) send(op rdmap.Opcode, h ddp.Untagged, payload, n int) error {
 			return r.perr(term.Cause{Layer: term.LayerDDP, EType: term.DDPUntagged, Code: term.UntaggedNoBuffer},
 				EventRQInvalidMSN, r.hl, n, "%s with no receive posted (MSN %d)", op, h.MSN())
 		}
-		r.recvOp, r.recvInv = op, h.RsvdULP1()
+		r.recvOp, r.recvRV, r.recvInv = op, rdmap.CtrlVersion(h.RsvdULP0()), h.RsvdULP1()
 	}
 	if op == rdmap.OpImmediate || op == rdmap.OpImmediateSE {
 		// Immediate Data is one whole segment: it never leaves a message
@@ -600,18 +601,27 @@ func (r *rxState) send(op rdmap.Opcode, h ddp.Untagged, payload, n int) error {
 }
 
 // sameMessage checks that a segment continuing the message in progress
-// carries that message's opcode and, for a Send with Invalidate, its
-// Invalidate STag. RFC 5041 §4.3 makes every segment of a message hold the
-// same RsvdULP but gives DDP no error for a segment that does not: RDMAP,
-// which reads those bytes, refuses it. Another opcode is not a valid one
-// for the segment (RFC 5040 §7.2 step 2): Remote Operation / Unexpected
-// OpCode. Another Invalidate STag is not the message's, so not a valid
-// Invalidate STag (step 4): Remote Protection / Invalid STag. Either way
-// the segment is not placed and the message never completes.
+// carries that message's opcode, RDMAP version and, for a Send with
+// Invalidate, its Invalidate STag. RFC 5041 §4.3 makes every segment of a
+// message hold the same RsvdULP but gives DDP no error for a segment that
+// does not: RDMAP, which reads those bytes, refuses it, in RFC 5040 §7.2's
+// order. Another opcode is not a valid one for the segment (step 2):
+// Remote Operation / Unexpected OpCode. Another version, though valid on
+// its own (01b and 00b both are, CheckCtrl), is not the message's, so not
+// a valid one (step 3): Remote Operation / Invalid RDMAP Version, as a
+// first segment's bad version is. Another Invalidate STag is not the
+// message's, so not a valid Invalidate STag (step 4): Remote Protection /
+// Invalid STag. Each way the segment is not placed and the message never
+// completes.
 func (r *rxState) sameMessage(op rdmap.Opcode, h ddp.Untagged, n int) error {
 	if op != r.recvOp {
 		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpUnexpectedOpcode},
 			EventUnexpectedOpcode, r.hl, n, "%s segment continues a %s (MSN %d)", op, r.recvOp, h.MSN())
+	}
+	if rv := rdmap.CtrlVersion(h.RsvdULP0()); rv != r.recvRV {
+		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteOperation, Code: term.OpInvalidVersion},
+			EventInvalidRDMAVersion, r.hl, n, "%s segment with RDMAP version %d continues a message of version %d (MSN %d)",
+			op, rv, r.recvRV, h.MSN())
 	}
 	if op.HasInvalidate() && h.RsvdULP1() != r.recvInv {
 		return r.perr(term.Cause{Layer: term.LayerRDMAP, EType: term.RDMARemoteProtection, Code: term.ProtInvalidSTag},
@@ -982,7 +992,9 @@ func (r *rxState) apply() (rxEnd, bool) {
 		c.respMu.Unlock()
 		r.respQueued = true // sent at the batch's end
 	case actTermRecv:
-		r.terminateReceived(a.term)
+		if !r.terminateReceived(a.term) {
+			return endProtocol, true // our Terminate goes out (conn.fail)
+		}
 		return endTermRecv, true
 	}
 	return 0, false
@@ -1039,10 +1051,23 @@ func (r *rxState) writeResult(s SGE, v uint64) Status {
 // another message (a Write or a Send, completed when handed to TCP) or none
 // (the peer's local error) concerns no outstanding WR. Every other WR is
 // flushed when the stream ends.
-func (r *rxState) terminateReceived(f rdmap.TerminateFields) {
+//
+// A Terminate that arrives once the stream has failed locally (conn.fail
+// ran after the receive checked the QP's state at this FPDU's start) is a
+// segment arriving in Terminate, which is not processed (draft Fig. 9): the
+// QP keeps the Terminate it recorded, which is still sent (draft §6.2.3:
+// only a Terminate state entered on a received Terminate sends none), and
+// no WR completes and no event is raised for the peer's. It reports
+// whether the Terminate was processed.
+func (r *rxState) terminateReceived(f rdmap.TerminateFields) bool {
 	qp := r.qp
 	c := r.c
 	qp.mu.Lock()
+	if c.failed {
+		qp.mu.Unlock()
+		c.log.Info("Terminate received after the stream failed: not processed", "cause", f.Cause.String())
+		return false
+	}
 	c.failed = true // a local error from now on sends no Terminate (conn.fail)
 	qp.term, qp.termSent = &f, false
 	if qp.state == StateRTS || qp.state == StateClosing {
@@ -1059,4 +1084,5 @@ func (r *rxState) terminateReceived(f rdmap.TerminateFields) {
 	c.log.Info("Terminate received", "cause", f.Cause.String())
 	c.dev.raise(AsyncEvent{Type: EventTerminateReceived, Resource: ResourceQP, QP: qp, QPID: qp.id, Terminate: &f,
 		Err: fmt.Errorf("peer terminated the stream: %s", f.Cause)})
+	return true
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
+	"log/slog"
 	"math"
 	"strings"
 	"sync"
@@ -785,6 +786,23 @@ func TestTerminateBlamesTheRightWR(t *testing.T) {
 	})
 }
 
+// holdTransmitter waits until the Responder's transmitter has started (its
+// Read Response to p's Read Request is here), then takes its lock, so that
+// it sends nothing until release (which the test's end calls too).
+func holdTransmitter(t *testing.T, tt *termTarget, p *rawpeer.Peer) (c *conn, release func()) {
+	t.Helper()
+	sendULPDU(t, p, p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 1}))
+	if _, err := p.ReadULPDU(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	c = tt.stream()
+	c.txMu.Lock()
+	var unlock sync.Once
+	release = func() { unlock.Do(c.txMu.Unlock) }
+	t.Cleanup(release)
+	return c, release
+}
+
 // TestNoTerminateAfterTerminateReceived: a local fault between the receipt
 // of the peer's Terminate and the end of the stream sends no Terminate of
 // ours (the draft's T11: a received Terminate gets no reply) and leaves
@@ -800,17 +818,7 @@ func TestTerminateBlamesTheRightWR(t *testing.T) {
 func TestNoTerminateAfterTerminateReceived(t *testing.T) {
 	tt := newTermTarget(t, QPConfig{InboundRead: true, InboundWrite: true}, 1, 64)
 	p := tt.dial(t, rawpeer.Options{CRC: true})
-	// The Responder's transmitter is running once its Read Response is
-	// here.
-	sendULPDU(t, p, p.ReadRequest(rdmap.ReadRequestFields{SinkSTag: 1}))
-	if _, err := p.ReadULPDU(10 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	c := tt.stream()
-	c.txMu.Lock()
-	var unlock sync.Once
-	release := func() { unlock.Do(c.txMu.Unlock) }
-	t.Cleanup(release)
+	c, release := holdTransmitter(t, tt, p)
 	tt.qp.Plug()
 	tt.post(SendWR{ID: 9, Op: WRSend, SGL: []SGE{{STag: 0x00BAD001, Len: 8}}})
 	var once sync.Once
@@ -869,3 +877,112 @@ func TestNoTerminateAfterTerminateReceived(t *testing.T) {
 	}
 	tt.waitEvent(EventTerminateReceived)
 }
+
+// TestLocalTerminateBeforeReceivedOne: a local error recorded while the
+// peer's Terminate is being read (after the receive checked the QP's state
+// at that FPDU's start, before it acts on it) is the stream's first error:
+// our Terminate still goes out (draft §6.2.3: the RNIC MUST attempt to send
+// it unless the Terminate state was entered on a received one), Query QP
+// reports ours as sent (the QP holds one Terminate, the first), and the
+// peer's, a segment arriving in Terminate, is not processed (draft Fig. 9:
+// ignored; no Terminate Message Received event).
+//
+// The peer writes a Send and all of its Terminate but the last body bytes.
+// The receive completes the Send, begins the Terminate, and at the read
+// for the rest ends its batch: the receive CQ's direct handler moves the
+// QP to Terminate there (Modify QP), while the test holds the
+// transmitter's lock so that our Terminate waits. The peer then sends the
+// rest; once the receive has acted on it (the transmitter set silent, or
+// the engine's log saying the Terminate was not processed) the
+// transmitter is let go.
+func TestLocalTerminateBeforeReceivedOne(t *testing.T) {
+	const ignored = "Terminate received after the stream failed: not processed"
+	logged := make(chan struct{}, 1)
+	log := slog.New(messageHandler{msg: ignored, ch: logged})
+	tt := newTermTargetOn(t, pairOpts{qp: QPConfig{InboundRead: true, InboundWrite: true}, cfg: Config{Logger: log}}, 1, 64)
+	p := tt.dial(t, rawpeer.Options{CRC: true})
+	c, release := holdTransmitter(t, tt, p)
+	handled := make(chan struct{})
+	var once sync.Once
+	var midFPDU bool
+	var modErr error
+	tt.rcq.SetDirectHandler(func() bool {
+		once.Do(func() {
+			midFPDU = !c.rd.Idle() // on the receive goroutine: no race
+			modErr = tt.qp.Modify(StateTerminate, ModifyAttrs{})
+			close(handled)
+		})
+		return true
+	})
+	peerCause := remoteOp(term.OpUnspecified)
+	body := rdmap.AppendTerminate(nil, &rdmap.TerminateFields{Cause: peerCause})
+	tu := p.Untagged(rdmap.OpTerminate, true, 0, rdmap.QNTerminate, p.NextMSN(rdmap.QNTerminate), 0, body)
+	tf := p.Frame(tu)
+	cut := mpa.HeaderLen + ddp.UntaggedHeaderLen + 2
+	if err := p.SendRaw(append(p.Frame(p.SendMsg(rdmap.OpSend, 0, []byte("x"))), tf[:cut]...)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-handled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Send's completion never reached the direct handler")
+	}
+	if modErr != nil {
+		t.Fatalf("Modify QP to Terminate: %v", modErr)
+	}
+	if !midFPDU {
+		t.Fatal("the direct handler ran between FPDUs: the Send and the Terminate's first bytes were read apart")
+	}
+	if err := p.SendRaw(tf[cut:]); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(10 * time.Second)
+acted:
+	for txMode(c.mode.Load()) != txSilent {
+		select {
+		case <-logged:
+			break acted
+		case <-deadline:
+			t.Fatal("the receive never acted on the peer's Terminate")
+		case <-time.After(100 * time.Microsecond):
+		}
+	}
+	release()
+	tm, _, err := p.ReadTerminate(10 * time.Second)
+	closeWrite(p.Conn)
+	tt.waitState(StateError)
+	if err != nil {
+		t.Errorf("reading our Terminate: %v", err)
+	} else if tm.Cause != localCatastrophic.Cause {
+		t.Errorf("Terminate sent with cause %s, want %s", tm.Cause, localCatastrophic.Cause)
+	}
+	if info := tt.qp.Query(); info.Terminate == nil || !info.TerminateSent || info.Terminate.Cause != localCatastrophic.Cause {
+		t.Errorf("Query QP: Terminate %+v sent=%v, want ours (%s) sent", info.Terminate, info.TerminateSent, localCatastrophic.Cause)
+	}
+	tt.settle(c)
+	for _, typ := range tt.eventTypes() {
+		if typ == EventTerminateReceived {
+			t.Errorf("events %v: the peer's Terminate, which came second, was processed", tt.eventTypes())
+		}
+	}
+}
+
+// messageHandler signals ch (without blocking) for each log record whose
+// message is msg, and drops every record.
+type messageHandler struct {
+	msg string
+	ch  chan struct{}
+}
+
+func (h messageHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h messageHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		select {
+		case h.ch <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+func (h messageHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h messageHandler) WithGroup(string) slog.Handler      { return h }

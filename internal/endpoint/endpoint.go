@@ -81,8 +81,12 @@ type Endpoint struct {
 	sendMR   *rnic.MR
 	sendSize int
 
-	mu  sync.Mutex
-	mrs []*rnic.MR // registered or allocated through the endpoint; freed by Close
+	// mu guards mrs and freed, and is held across each registration made
+	// through the endpoint (keep): a registration either is in mrs when
+	// free takes the list, or is never made.
+	mu    sync.Mutex
+	mrs   []*rnic.MR // registered or allocated through the endpoint; freed by Close
+	freed bool       // free has taken mrs: no more registrations
 
 	ctx     context.Context // ends when the loop must stop
 	cancel  context.CancelFunc
@@ -201,42 +205,47 @@ func (e *Endpoint) AreaSGE(i, n int) rnic.SGE {
 	return rnic.SGE{STag: e.sendMR.STag(), TO: uint64(i * e.sendSize), Len: uint32(n)}
 }
 
-// Register registers b in the endpoint's PD; Close deregisters it.
+// ErrClosed is what a registration through an endpoint that Close has
+// torn down returns.
+var ErrClosed = errors.New("endpoint closed")
+
+// Register registers b in the endpoint's PD; Close deregisters it. Once
+// Close has freed the endpoint's registrations it fails with ErrClosed.
 func (e *Endpoint) Register(b []byte, acc rnic.Access) (*rnic.MR, error) {
-	mr, err := e.PD.RegisterBytes(b, acc)
-	if err != nil {
-		return nil, err
-	}
-	e.keep(mr)
-	return mr, nil
+	return e.keep("register", func() (*rnic.MR, error) { return e.PD.RegisterBytes(b, acc) })
 }
 
 // RegisterMR registers memory with options in the endpoint's PD; Close
-// deregisters it.
+// deregisters it. Once Close has freed the endpoint's registrations it
+// fails with ErrClosed.
 func (e *Endpoint) RegisterMR(m rnic.Memory, o rnic.MROptions) (*rnic.MR, error) {
-	mr, err := e.PD.RegisterMR(m, o)
-	if err != nil {
-		return nil, err
-	}
-	e.keep(mr)
-	return mr, nil
+	return e.keep("register", func() (*rnic.MR, error) { return e.PD.RegisterMR(m, o) })
 }
 
 // AllocSTag allocates an STag for Fast-Register work requests (one buffer;
-// remote: remote access may be granted through it); Close frees it.
+// remote: remote access may be granted through it); Close frees it. Once
+// Close has freed the endpoint's registrations it fails with ErrClosed.
 func (e *Endpoint) AllocSTag(remote bool) (*rnic.MR, error) {
-	mr, err := e.PD.AllocMRSTag(1, remote)
+	return e.keep("allocate STag", func() (*rnic.MR, error) { return e.PD.AllocMRSTag(1, remote) })
+}
+
+// keep makes a registration (reg) and records it for Close, holding e.mu
+// throughout: a registration racing Close (a QP joining a session that
+// ends meanwhile) is either freed with the rest or refused. Made after
+// free had taken the list, it would stay registered, in a PD the caller
+// shares, or in the endpoint's own, which it would keep from being freed.
+func (e *Endpoint) keep(what string, reg func() (*rnic.MR, error)) (*rnic.MR, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.freed {
+		return nil, fmt.Errorf("endpoint: %s: %w", what, ErrClosed)
+	}
+	mr, err := reg()
 	if err != nil {
 		return nil, err
 	}
-	e.keep(mr)
-	return mr, nil
-}
-
-func (e *Endpoint) keep(mr *rnic.MR) {
-	e.mu.Lock()
 	e.mrs = append(e.mrs, mr)
-	e.mu.Unlock()
+	return mr, nil
 }
 
 // WaitRecv waits for the next receive completion before Start (a login
@@ -424,7 +433,8 @@ func (e *Endpoint) CloseGracefully(timeout time.Duration) {
 // if it is still up; Close waits until the engine is done with every
 // buffer (Stopped); the loop is stopped and waited for; release (if not
 // nil) frees what the caller built on the endpoint; then every
-// registration, the QP, the CQ and an own PD are freed. It must not be
+// registration, the QP, the CQ and an own PD are freed. From then on a
+// registration through the endpoint fails with ErrClosed. It must not be
 // called from the handler (use Kill there). Safe to call more than once;
 // later calls do nothing.
 func (e *Endpoint) Close(release func()) error {
@@ -449,7 +459,7 @@ func (e *Endpoint) free() error {
 	var errs []error
 	e.mu.Lock()
 	mrs := e.mrs
-	e.mrs = nil
+	e.mrs, e.freed = nil, true
 	e.mu.Unlock()
 	for _, mr := range append(mrs, e.recvMR, e.sendMR) {
 		if mr != nil {

@@ -2,6 +2,7 @@ package endpoint
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,13 @@ import (
 
 // pair connects two endpoints over loopback TCP, each on its own RNIC.
 func pair(t *testing.T, cfg Config) (a, b *Endpoint) {
+	t.Helper()
+	return pairWith(t, cfg, nil)
+}
+
+// pairWith is pair with adjust (if not nil) changing side i's Config on
+// device d before its endpoint is made.
+func pairWith(t *testing.T, cfg Config, adjust func(i int, d *rnic.Device, c *Config)) (a, b *Endpoint) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var devs [2]*rnic.Device
@@ -29,6 +37,9 @@ func pair(t *testing.T, cfg Config) (a, b *Endpoint) {
 	for i := range eps {
 		c := cfg
 		c.Device = devs[i]
+		if adjust != nil {
+			adjust(i, devs[i], &c)
+		}
 		e, err := New(c)
 		if err != nil {
 			t.Fatal(err)
@@ -169,5 +180,94 @@ func TestEndpointKillFromHandler(t *testing.T) {
 	}
 	if err := b.Close(nil); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// registrations names each way of registering through an endpoint.
+var registrations = []struct {
+	name string
+	reg  func(e *Endpoint) (*rnic.MR, error)
+}{
+	{"Register", func(e *Endpoint) (*rnic.MR, error) { return e.Register(make([]byte, 64), rnic.LocalWrite) }},
+	{"RegisterMR", func(e *Endpoint) (*rnic.MR, error) {
+		return e.RegisterMR(rnic.Bytes(make([]byte, 64)), rnic.MROptions{Access: rnic.LocalWrite, ZeroBased: true})
+	}},
+	{"AllocSTag", func(e *Endpoint) (*rnic.MR, error) { return e.AllocSTag(true) }},
+}
+
+// TestRegisterAfterClose: a registration through an endpoint whose Close
+// has run fails with ErrClosed and leaves nothing registered, even in a PD
+// the endpoint shares with others (which Close does not free): the caller
+// fails cleanly instead of holding a region no one will deregister.
+func TestRegisterAfterClose(t *testing.T) {
+	var pd *rnic.PD
+	a, _ := pairWith(t, testConfig(), func(i int, d *rnic.Device, c *Config) {
+		if i == 0 {
+			var err error
+			if pd, err = d.AllocPD(); err != nil {
+				t.Fatal(err)
+			}
+			c.PD = pd
+		}
+	})
+	if err := a.Close(nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range registrations {
+		mr, err := r.reg(a)
+		if mr != nil {
+			info, qerr := mr.Query()
+			t.Errorf("%s after Close: %v, region %s registered (valid %v, query error %v)", r.name, err, mr.STag(), info.Valid, qerr)
+		} else if !errors.Is(err, ErrClosed) {
+			t.Errorf("%s after Close: %v, want ErrClosed", r.name, err)
+		}
+	}
+	if err := pd.Dealloc(); err != nil {
+		t.Errorf("the shared PD after Close: %v", err)
+	}
+}
+
+// TestRegisterDuringClose: registrations racing Close (a QP that joins a
+// session while the session ends) are either freed by Close or refused
+// with ErrClosed; none outlives the endpoint or keeps its own PD from
+// being freed (Close's error says so).
+func TestRegisterDuringClose(t *testing.T) {
+	a, _ := pair(t, testConfig())
+	var mrs []*rnic.MR
+	stop := make(chan error, 1)
+	started := make(chan struct{})
+	go func() {
+		for i := 0; ; i++ {
+			mr, err := registrations[i%len(registrations)].reg(a)
+			if err != nil {
+				stop <- err
+				return
+			}
+			mrs = append(mrs, mr)
+			if i == 0 {
+				close(started)
+			}
+			time.Sleep(20 * time.Microsecond)
+		}
+	}()
+	select {
+	case <-started:
+	case err := <-stop:
+		t.Fatalf("registering before Close: %v", err)
+	}
+	if err := a.Close(nil); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if err := <-stop; !errors.Is(err, ErrClosed) {
+		t.Errorf("the registration after Close: %v, want ErrClosed", err)
+	}
+	var left []rnic.STag
+	for _, mr := range mrs {
+		if _, err := mr.Query(); err == nil {
+			left = append(left, mr.STag())
+		}
+	}
+	if len(left) > 0 {
+		t.Errorf("%d of the %d regions registered outlived Close (the first: %s)", len(left), len(mrs), left[0])
 	}
 }

@@ -100,6 +100,9 @@ const (
 // Ctrl returns the RDMAP control byte for op: RV = 01b, Rsv = 0.
 func Ctrl(op Opcode) byte { return Version<<6 | byte(op)&maskOpcode }
 
+// CtrlVersion returns the RDMAP version (RV) of control byte b.
+func CtrlVersion(b byte) uint8 { return (b & maskRV) >> 6 }
+
 // ValidVersion reports whether RV rv is valid for a message with opcode op.
 // RFC 5040 §4.1: "01b for an RNIC that complies with this RDMA protocol
 // specification. 00b for an RNIC that complies with the RDMA Consortium's
@@ -139,7 +142,7 @@ func ParseCtrl(b byte) (Opcode, error) {
 }
 
 func checkVersion(b byte, op Opcode) error {
-	if rv := (b & maskRV) >> 6; !ValidVersion(rv, op) {
+	if rv := CtrlVersion(b); !ValidVersion(rv, op) {
 		return term.Errorf(term.LayerRDMAP, term.RDMARemoteOperation, term.OpInvalidVersion,
 			"RDMAP version %d in control byte 0x%02X, valid: 1, and 0 for RFC 5040 opcodes", rv, b)
 	}

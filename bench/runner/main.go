@@ -30,6 +30,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rnic-dev/rnic/internal/benchkit"
 	"github.com/rnic-dev/rnic/internal/childproc"
 )
@@ -548,7 +550,8 @@ func oursAtRest(rs *running, rep int, log *slog.Logger) ([]RSS, []Idle) {
 // series of jobs takes, so the host's drift (on these shared machines
 // IOPS move by tens of percent within minutes) barely enters the
 // ratios. The systems not being measured are idle, logged in and
-// holding their memory.
+// holding their memory, and after each job the file systems are synced,
+// so that one system's writeback does not run in the next one's job.
 //
 // By system: each system runs alone, started, filled, run through every
 // job and stopped before the next starts.
@@ -613,6 +616,9 @@ func runRep(ctx context.Context, systems []system, jobs []string, rep int, o opt
 				return nil, nil, nil, err
 			}
 			res = append(res, r)
+			// The page cache the job dirtied (file-backed systems) is
+			// written back now, not during the next system's job.
+			unix.Sync()
 		}
 	}
 	for _, rs := range order {

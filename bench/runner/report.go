@@ -115,13 +115,22 @@ func ratio(a, b float64) string {
 	return fmt.Sprintf("%.2fx", a/b)
 }
 
+// interleaveText says in words how a run's options interleaved the
+// systems.
+func interleaveText(options string) string {
+	if strings.Contains(options, "interleave=system") {
+		return "systems interleaved (all jobs on A, then all on B, ..., then again)"
+	}
+	return "jobs interleaved (in each repetition every system ran each job in turn, the systems' order rotating from " +
+		"one repetition to the next)"
+}
+
 func markdown(rep report, jobs []string, systems []system, micro, prof string) string {
 	med := medians(rep)
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Benchmark results\n\nRun %s on %s (%d CPUs; load average %s at the start, %s at the end; %s). %s. "+
-		"Every (system, job) ran %s, systems interleaved (all jobs on A, then all on B, ..., then again); the figure is "+
-		"the median.\n\n", rep.Started.Format("2006-01-02 15:04 UTC"), rep.Host, rep.CPUs, rep.Load[0], rep.Load[1],
-		rep.CPUIdle, rep.Options, repsText(rep))
+		"Every (system, job) ran %s, %s; the figure is the median.\n\n", rep.Started.Format("2006-01-02 15:04 UTC"),
+		rep.Host, rep.CPUs, rep.Load[0], rep.Load[1], rep.CPUIdle, rep.Options, repsText(rep), interleaveText(rep.Options))
 	for _, v := range rep.Versions {
 		fmt.Fprintf(&b, "- %s\n", strings.SplitN(v, "\n", 2)[0])
 	}

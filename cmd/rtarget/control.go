@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -251,8 +252,20 @@ func (s *controlServer) close() {
 // the umask lets in until a chmod; and the umask, which could close that
 // window, is the process's: the files other goroutines create meanwhile
 // (the store's) would get it too.
+//
+// The caller holds the store's lock, so no other process binds beside
+// path meanwhile: a directory of that pattern already there is one a
+// process killed while it bound left behind, and is removed.
 func listenPrivate(path string) (*net.UnixListener, error) {
-	tmp, err := os.MkdirTemp(filepath.Dir(path), "."+filepath.Base(path)+".")
+	prefix := "." + filepath.Base(path) + "."
+	if ents, err := os.ReadDir(filepath.Dir(path)); err == nil {
+		for _, e := range ents {
+			if e.IsDir() && strings.HasPrefix(e.Name(), prefix) {
+				os.RemoveAll(filepath.Join(filepath.Dir(path), e.Name()))
+			}
+		}
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(path), prefix)
 	if err != nil {
 		return nil, err
 	}

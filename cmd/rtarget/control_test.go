@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -338,4 +339,49 @@ func TestControlCloseBesideConnectionJustAccepted(t *testing.T) {
 	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Fatalf("read on the connection after close: %v, want EOF (the daemon ended it)", err)
 	}
+}
+
+// TestListenPrivateRemovesStaleBindDirs: a bind directory a process killed
+// while it bound left beside the socket (with the socket in it) is removed
+// by the next listen, which binds and leaves only the socket; other files
+// of the directory, a file of the same prefix included, stay.
+func TestListenPrivateRemovesStaleBindDirs(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, controlSocketName)
+	stale := filepath.Join(dir, "."+controlSocketName+".12345")
+	if err := os.Mkdir(stale, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stale, controlSocketName), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keep := []string{"." + controlSocketName + ".file", "meta"}
+	for _, k := range keep {
+		if err := os.WriteFile(filepath.Join(dir, k), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ln, err := listenPrivate(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	want := append([]string{controlSocketName}, keep...)
+	slices.Sort(want)
+	if !slices.Equal(names, want) {
+		t.Errorf("directory after listen: %q, want %q", names, want)
+	}
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("dial the socket: %v", err)
+	}
+	c.Close()
 }

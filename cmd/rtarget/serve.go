@@ -278,7 +278,12 @@ func runServe(c *cli.Context, given []string) (err error) {
 	defer signal.Stop(sigs)
 	served := make(chan error, 1)
 	go func() { served <- t.Serve(ctx, native) }()
-	vols, _ := st.ListVolumes(ctx)
+	vols, err := st.ListVolumes(ctx)
+	if err != nil {
+		// Only this log line needs the list: logins find their volumes
+		// themselves, and report what fails then.
+		log.Warn("cannot list the volumes", "err", err)
+	}
 	names := make([]string, 0, len(vols))
 	for _, v := range vols {
 		if v.Unavailable != "" {

@@ -26,6 +26,10 @@ func (e *loginError) Error() string {
 	return fmt.Sprintf("%s: %s", e.status, e.detail)
 }
 
+// Unwrap returns the cause, if any: errors.Is and As see through a
+// refusal to it (a store error, a canceled context).
+func (e *loginError) Unwrap() error { return e.err }
+
 func refuse(st blockproto.Status, detail string, err error) error {
 	return &loginError{status: st, detail: detail, err: err}
 }

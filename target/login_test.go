@@ -2,9 +2,12 @@ package target
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 
+	"github.com/rnic-dev/rnic/blockproto"
 	"github.com/rnic-dev/rnic/rnic"
 	"github.com/rnic-dev/rnic/store"
 )
@@ -59,5 +62,22 @@ func TestLoginFailsAfterAttach(t *testing.T) {
 	r.waitFor("the session to end", r.noSession)
 	if n := r.tgt.m.QPsActive.Load(); n != 0 {
 		t.Fatalf("QPsActive %d after a login that failed, want 0", n)
+	}
+}
+
+// TestLoginErrorUnwrap: a refused login keeps its cause for errors.Is and
+// errors.As (the log's err names it; callers can tell a store's error
+// from a canceled context).
+func TestLoginErrorUnwrap(t *testing.T) {
+	err := refuse(blockproto.StatusNoVolume, "volume vol0", fmt.Errorf("open: %w", store.ErrNotFound))
+	if !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("errors.Is(%v, ErrNotFound) = false", err)
+	}
+	var le *loginError
+	if !errors.As(err, &le) || le.status != blockproto.StatusNoVolume {
+		t.Errorf("errors.As(%v, *loginError): %+v", err, le)
+	}
+	if errors.Is(refuse(blockproto.StatusInvalid, "bad", nil), store.ErrNotFound) {
+		t.Error("a refusal without a cause matches ErrNotFound")
 	}
 }

@@ -28,6 +28,11 @@ import (
 //	go test -run '^$' -bench . -benchtime 20000x ./store/
 //
 // RNIC_CLUSTER_SIZE sets the thin store's cluster size (bytes);
+// RNIC_FILE_FILL the size of the writes that fill the plain file (bytes,
+// default 1 MiB): ext4 caches a file in folios of the size it was written
+// in, and a 4 KiB read from a 64 KiB folio costs more than one from a 1 MiB
+// folio (the thin store writes in 64 KiB pieces: thin_pool.go, writeChunk),
+// so RNIC_FILE_FILL=65536 compares the two at the same folio size;
 // RNIC_STEADY_MEMORY=1 (as root) measures with the VM's memory as a
 // long-running host's (main_test.go).
 
@@ -159,6 +164,20 @@ func benchClusterSize(tb testing.TB) int64 {
 	return store.DefaultClusterSize
 }
 
+// fileFill is the size of the writes that fill the plain file
+// (RNIC_FILE_FILL), a multiple of BlockSize dividing 1 MiB.
+func fileFill(tb testing.TB) int {
+	v := os.Getenv("RNIC_FILE_FILL")
+	if v == "" {
+		return 1 << 20
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < store.BlockSize || n%store.BlockSize != 0 || (1<<20)%n != 0 {
+		tb.Fatalf("RNIC_FILE_FILL=%q: want a multiple of %d dividing 1 MiB", v, store.BlockSize)
+	}
+	return n
+}
+
 func openBenchStore(tb testing.TB) store.Store {
 	s, err := store.OpenThin(tb.TempDir(), store.ThinOptions{ClusterSize: benchClusterSize(tb)})
 	if err != nil {
@@ -189,7 +208,11 @@ func plainFile(tb testing.TB, size int64, fill bool) fileTarget {
 }
 
 func fillTarget(tb testing.TB, t ioTarget, size int64) {
-	buf := make([]byte, 1<<20)
+	n := 1 << 20
+	if _, ok := t.(fileTarget); ok {
+		n = fileFill(tb)
+	}
+	buf := make([]byte, n)
 	for i := 0; i < len(buf); i += store.BlockSize {
 		storetest.FillBlock(buf[i:i+store.BlockSize], uint64(i), 1)
 	}

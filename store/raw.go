@@ -384,7 +384,7 @@ func (d *rawDevice) zeroAllocated(ctx context.Context, lba, count uint64) error 
 
 // writeZeros zeroes a range where punching holes is not supported.
 func (d *rawDevice) writeZeros(pos, n int64) error {
-	zeros := make([]byte, min(n, 1<<20))
+	zeros := zeroChunk // read only
 	for n > 0 {
 		k, err := unix.Pwrite(d.fd, zeros[:min(n, int64(len(zeros)))], pos)
 		if errors.Is(err, unix.EINTR) {

@@ -54,6 +54,9 @@ type options struct {
 	// interleave is "job" (every job on every system in turn) or
 	// "system" (every job on one system, then the next system).
 	interleave string
+	// baseline is a git revision whose rinit and rtarget also run, as
+	// rnic-memory@REV, interleaved with the rest (see baselineTable).
+	baseline string
 }
 
 func main() {
@@ -72,6 +75,8 @@ func main() {
 	flag.IntVar(&o.cpus, "cpus", -1, "--cpus of rinit and rtarget in the rnic-memory and rnic-thin systems (-1: not passed, their default)")
 	flag.StringVar(&o.interleave, "interleave", "job", "job: all systems run at once and each job runs on every system in turn "+
 		"(the runs a ratio compares are seconds apart); system: each system runs alone through every job, then the next")
+	flag.StringVar(&o.baseline, "baseline", "", "also run "+ours+" built from this git revision (as "+ours+"@REV), interleaved "+
+		"with the other systems, and report ours against it job by job: the A/B comparison of a change")
 	flag.BoolVar(&o.quick, "quick", false, "only what the data path's targets need: "+strings.Join(quickSystems, ", ")+
 		" on "+strings.Join(quickJobs, ", ")+", 3 repetitions of 3 s (after a 1 s ramp), the engine micro-benchmark pairs; "+
 		"prints the target table (results in a temporary directory unless -out is given)")
@@ -154,6 +159,8 @@ type report struct {
 	// before it halts decides what each wake-up costs on a VM, and with it
 	// the ratios at 4 KiB (bench/README.md, "Server CPU per I/O").
 	CPUIdle string `json:"cpuidle"`
+	// Baseline is the git revision of -baseline, or empty.
+	Baseline string `json:"baseline,omitempty"`
 }
 
 func run(ctx context.Context, o options, log *slog.Logger) error {
@@ -185,6 +192,14 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	} else {
 		systems = slices.DeleteFunc(systems, func(s system) bool { return s.optional })
 	}
+	if o.baseline != "" {
+		base, err := buildBaseline(o.baseline, work, log)
+		if err != nil {
+			return err
+		}
+		systems = append(systems, system{name: baselineName(o.baseline), title: "rinit -> rtarget (memory store) at " + o.baseline,
+			ours: true, start: ourStack(filepath.Join(base, "rtarget"), filepath.Join(base, "rinit"), o.size, "memory", o.cpus)})
+	}
 	if len(systems) == 0 {
 		return errors.New("no systems selected")
 	}
@@ -192,7 +207,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	rep := report{Started: time.Now().UTC(), Host: host, CPUs: numCPU(), Load: [2]string{loadavg()}, CPUIdle: cpuIdle(),
 		Options: fmt.Sprintf("reps=%d runtime=%ds ramp=%ds region=%s size=%s interleave=%s, rinit and rtarget %s", o.reps,
 			o.runtime, o.ramp, o.region, o.size, o.interleave, cpusText(o.cpus)),
-		Versions: versions()}
+		Versions: versions(), Baseline: o.baseline}
 
 	for r := 1; r <= o.reps; r++ {
 		res, rss, idle, err := runRep(ctx, systems, jobs, r, o, work, log)
@@ -230,9 +245,9 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	if err := plots(rep, jobs, systems, o.out); err != nil {
 		return fmt.Errorf("plots: %w", err)
 	}
-	fmt.Printf("\n%s; load average %s -> %s; %s\n\n%s\n%s\nHost CPU left idle during each job (%% of all CPUs, median):\n\n%s\n%s\n%s\n",
-		rep.Options, rep.Load[0], rep.Load[1], rep.CPUIdle, targetTable(rep), idleTable(rep), hostIdleTable(rep, jobs, systems), microTable(micro),
-		"report: "+filepath.Join(o.out, "report.md"))
+	fmt.Printf("\n%s; load average %s -> %s; %s\n\n%s\n%s\nHost CPU left idle during each job (%% of all CPUs, median):\n\n%s\n%s%s\n%s\n",
+		rep.Options, rep.Load[0], rep.Load[1], rep.CPUIdle, targetTable(rep), idleTable(rep), hostIdleTable(rep, jobs, systems),
+		baselineSection(rep, jobs), microTable(micro), "report: "+filepath.Join(o.out, "report.md"))
 	log.Info("done", "report", filepath.Join(o.out, "report.md"))
 	return nil
 }
@@ -636,48 +651,51 @@ type system struct {
 	start    func(dir, work string, extra map[string][]string) ([]*proc, string, error)
 }
 
+// ourStack starts rtarget serve (with store) and rinit nbd in front of it,
+// from the binaries rtarget and rinit, exporting a volume of size; cpus <
+// 0: with their default flags.
+func ourStack(rtarget, rinit, size, store string, cpus int) func(dir, work string, extra map[string][]string) ([]*proc, string, error) {
+	var cpuFlag []string
+	if cpus >= 0 {
+		cpuFlag = []string{"--cpus", strconv.Itoa(cpus)}
+	}
+	return func(dir, work string, extra map[string][]string) ([]*proc, string, error) {
+		tp, err := freePort()
+		if err != nil {
+			return nil, "", err
+		}
+		np, err := freePort()
+		if err != nil {
+			return nil, "", err
+		}
+		targs := []string{rtarget, "serve", "--listen", "127.0.0.1:" + strconv.Itoa(tp), "--volume", "bench:" + size,
+			"--store", store, "--data", filepath.Join(dir, "data"), "--log-level", "warn"}
+		targs = append(targs, cpuFlag...)
+		t, err := startProc(work, "rtarget", append(targs, extra["rtarget"]...)...)
+		if err != nil {
+			return nil, "", err
+		}
+		procs := []*proc{t}
+		if err := waitPort(tp, procs); err != nil {
+			return procs, "", err
+		}
+		iargs := []string{rinit, "nbd", "--target", "127.0.0.1:" + strconv.Itoa(tp), "--volume", "bench",
+			"--listen", "127.0.0.1:" + strconv.Itoa(np), "--log-level", "warn"}
+		iargs = append(iargs, cpuFlag...)
+		i, err := startProc(work, "rinit", append(iargs, extra["rinit"]...)...)
+		if err != nil {
+			return procs, "", err
+		}
+		procs = append(procs, i)
+		if err := waitPort(np, procs); err != nil {
+			return procs, "", err
+		}
+		return procs, fmt.Sprintf("nbd://127.0.0.1:%d/bench", np), nil
+	}
+}
+
 func allSystems(bin, size string, cpus int) []system {
 	rtarget, rinit := filepath.Join(bin, "rtarget"), filepath.Join(bin, "rinit")
-	// cpus < 0: rinit and rtarget with their default flags.
-	ourStack := func(store string, cpus int) func(dir, work string, extra map[string][]string) ([]*proc, string, error) {
-		var cpuFlag []string
-		if cpus >= 0 {
-			cpuFlag = []string{"--cpus", strconv.Itoa(cpus)}
-		}
-		return func(dir, work string, extra map[string][]string) ([]*proc, string, error) {
-			tp, err := freePort()
-			if err != nil {
-				return nil, "", err
-			}
-			np, err := freePort()
-			if err != nil {
-				return nil, "", err
-			}
-			targs := []string{rtarget, "serve", "--listen", "127.0.0.1:" + strconv.Itoa(tp), "--volume", "bench:" + size,
-				"--store", store, "--data", filepath.Join(dir, "data"), "--log-level", "warn"}
-			targs = append(targs, cpuFlag...)
-			t, err := startProc(work, "rtarget", append(targs, extra["rtarget"]...)...)
-			if err != nil {
-				return nil, "", err
-			}
-			procs := []*proc{t}
-			if err := waitPort(tp, procs); err != nil {
-				return procs, "", err
-			}
-			iargs := []string{rinit, "nbd", "--target", "127.0.0.1:" + strconv.Itoa(tp), "--volume", "bench",
-				"--listen", "127.0.0.1:" + strconv.Itoa(np), "--log-level", "warn"}
-			iargs = append(iargs, cpuFlag...)
-			i, err := startProc(work, "rinit", append(iargs, extra["rinit"]...)...)
-			if err != nil {
-				return procs, "", err
-			}
-			procs = append(procs, i)
-			if err := waitPort(np, procs); err != nil {
-				return procs, "", err
-			}
-			return procs, fmt.Sprintf("nbd://127.0.0.1:%d/bench", np), nil
-		}
-	}
 	nbdkit := func(args ...string) func(dir, work string, _ map[string][]string) ([]*proc, string, error) {
 		return func(dir, work string, _ map[string][]string) ([]*proc, string, error) {
 			p, err := freePort()
@@ -702,8 +720,8 @@ func allSystems(bin, size string, cpus int) []system {
 		}
 	}
 	return []system{
-		{name: "rnic-memory", title: "rinit -> rtarget (memory store)", ours: true, start: ourStack("memory", cpus)},
-		{name: "rnic-thin", title: "rinit -> rtarget (thin store, the default)", ours: true, start: ourStack("thin", cpus)},
+		{name: "rnic-memory", title: "rinit -> rtarget (memory store)", ours: true, start: ourStack(rtarget, rinit, size, "memory", cpus)},
+		{name: "rnic-thin", title: "rinit -> rtarget (thin store, the default)", ours: true, start: ourStack(rtarget, rinit, size, "thin", cpus)},
 		{name: "nbdkit-memory", title: "nbdkit memory", start: nbdkit("memory", size)},
 		{name: "nbdkit-file", title: "nbdkit file", start: nbdkit("file", "{DIR}/disk")},
 		{name: "nbd-server", title: "nbd-server (file)", start: func(dir, work string, _ map[string][]string) ([]*proc, string, error) {
@@ -758,7 +776,7 @@ func allSystems(bin, size string, cpus int) []system {
 			return procs, fmt.Sprintf("nbd://127.0.0.1:%d/", front), waitPort(front, procs)
 		}},
 		{name: "rnic-memory-cpus1", title: "rinit -> rtarget (memory store), --cpus 1", ours: true, optional: true,
-			start: ourStack("memory", 1)},
+			start: ourStack(rtarget, rinit, size, "memory", 1)},
 	}
 }
 
@@ -1010,4 +1028,28 @@ func microBenchmarks(ctx context.Context, o options, work string) (string, error
 		fmt.Fprintf(&sb, "$ go test -run '^$' -bench %s -benchtime %s %s\n%s\n", b.re, b.time, b.pkg, out)
 	}
 	return sb.String(), nil
+}
+
+// baselineName is the system name of the baseline at revision rev.
+func baselineName(rev string) string { return ours + "@" + rev }
+
+// buildBaseline builds rtarget and rinit at git revision rev (the tree of
+// rev exported with git archive into work, built with this module cache)
+// and returns the directory of the binaries.
+func buildBaseline(rev, work string, log *slog.Logger) (string, error) {
+	src, bin := filepath.Join(work, "baseline-src"), filepath.Join(work, "baseline-bin")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		return "", err
+	}
+	log.Info("building the baseline", "rev", rev)
+	archive := exec.Command("sh", "-c", `git archive --format=tar "$0" | tar -x -C "$1"`, rev, src)
+	if out, err := archive.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("-baseline %s: git archive: %w\n%s", rev, err, out)
+	}
+	build := exec.Command("go", "build", "-o", bin+"/", "./cmd/rtarget", "./cmd/rinit")
+	build.Dir = src
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("-baseline %s: go build: %w\n%s", rev, err, out)
+	}
+	return bin, nil
 }

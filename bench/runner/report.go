@@ -138,6 +138,7 @@ func markdown(rep report, jobs []string, systems []system, micro, prof string) s
 		"medians of the repetitions above. Rates are IOPS (4K) or MB/s (1M); CPU is rinit + rtarget (user + system) per I/O " +
 		"against the peer's server processes.\n\n")
 	b.WriteString(targetTable(rep))
+	b.WriteString(baselineSection(rep, jobs))
 	if t := idleTable(rep); t != "" {
 		b.WriteString("\n" + t)
 	}

@@ -89,3 +89,29 @@ func TestTargetTableRepRatios(t *testing.T) {
 }
 
 const nbdkitMemoryRow = "| nbdkit-memory |"
+
+// TestBaselineTable: ours against the baseline, job by job, from the
+// medians, with each repetition's ratio; no table without a baseline and
+// no row for a job the baseline did not run.
+func TestBaselineTable(t *testing.T) {
+	base := baselineName("abc123")
+	rep := report{Baseline: "abc123", Results: []Result{
+		{System: ours, Job: "randread-4k-qd16", Rep: 1, ReadIOPS: 110, CPUus: 9},
+		{System: base, Job: "randread-4k-qd16", Rep: 1, ReadIOPS: 100, CPUus: 10},
+		{System: ours, Job: "randread-4k-qd16", Rep: 2, ReadIOPS: 90, CPUus: 11},
+		{System: base, Job: "randread-4k-qd16", Rep: 2, ReadIOPS: 100, CPUus: 10},
+		{System: ours, Job: "seqread-1m", Rep: 1, ReadMBps: 1000, CPUus: 500},
+	}}
+	got := baselineTable(rep, []string{"randread-4k-qd16", "seqread-1m"})
+	want := "| randread-4k-qd16 | 100 IOPS | 100 IOPS | 1.00x | 1.10, 0.90 | 10.0 µs | 10.0 µs | 1.00x | 0.90, 1.10 |\n"
+	if !strings.Contains(got, want) {
+		t.Fatalf("table:\n%s\nwant the row:\n%s", got, want)
+	}
+	if strings.Contains(got, "seqread-1m") {
+		t.Fatalf("a row for a job the baseline did not run:\n%s", got)
+	}
+	rep.Baseline = ""
+	if got := baselineSection(rep, []string{"randread-4k-qd16"}); got != "" {
+		t.Fatalf("a baseline section without a baseline:\n%s", got)
+	}
+}

@@ -197,6 +197,9 @@ func microMedians(out string) map[string]float64 {
 // microTable renders the engine micro-benchmark pairs (ours vs raw Go TCP
 // in the same run).
 func microTable(out string) string {
+	if out == "" {
+		return "" // not run (-micro=false)
+	}
 	med := microMedians(out)
 	var b strings.Builder
 	b.WriteString("| Engine benchmark | ns/op | raw TCP peer | ns/op | Ratio | Goal |\n|---|---|---|---|---|---|\n")
@@ -222,4 +225,49 @@ func microTable(out string) string {
 		fmt.Fprintf(&b, "| %s | %.0f | | | | not slower than before |\n", k, med[k])
 	}
 	return b.String()
+}
+
+// baselineTable renders ours against the baseline (-baseline) job by job:
+// the ratio of the medians of the rate and of the CPU per I/O, with each
+// repetition's own ratio (both ran in it, minutes apart at most). Empty
+// without a baseline.
+func baselineTable(rep report, jobs []string) string {
+	if rep.Baseline == "" {
+		return ""
+	}
+	base := baselineName(rep.Baseline)
+	med, cpu := medians(rep), cpuMedians(rep)
+	var b strings.Builder
+	fmt.Fprintf(&b, "| Job | %s | %s | Ratio | Per repetition | CPU per I/O | at %s | Ratio | Per repetition |\n"+
+		"|---|---|---|---|---|---|---|---|---|\n", ours, base, rep.Baseline)
+	for _, j := range jobs {
+		o, p := med[j][ours], med[j][base]
+		if o == 0 || p == 0 {
+			continue
+		}
+		rate := target{job: j, peer: base, metric: "rate"}
+		cost := target{job: j, peer: base, metric: "cpu"}
+		fmt.Fprintf(&b, "| %s | %s %s | %s %s | %.2fx | %s | %s µs | %s µs | %s | %s |\n", j, num(o), unit(j), num(p), unit(j), o/p,
+			ratioList(repRatios(rep, rate)), num(cpu[j][ours]), num(cpu[j][base]), ratio(cpu[j][ours], cpu[j][base]),
+			ratioList(repRatios(rep, cost)))
+	}
+	return b.String()
+}
+
+// baselineSection is baselineTable with its heading, or empty.
+func baselineSection(rep report, jobs []string) string {
+	t := baselineTable(rep, jobs)
+	if t == "" {
+		return ""
+	}
+	return "\n## Against the baseline\n\n" + ours + " against the same stack built from " + rep.Baseline +
+		" (-baseline), interleaved in the same repetitions; above 1x the rate is higher, below 1x the CPU per I/O lower.\n\n" + t + "\n"
+}
+
+func ratioList(v []float64) string {
+	var s []string
+	for _, x := range v {
+		s = append(s, strconv.FormatFloat(x, 'f', 2, 64))
+	}
+	return strings.Join(s, ", ")
 }

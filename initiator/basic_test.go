@@ -2,6 +2,7 @@ package initiator_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"math/rand/v2"
 	"testing"
@@ -74,5 +75,31 @@ func TestBasicIO(t *testing.T) {
 	}
 	if err := c.ReadAt(ctx, make([]byte, 4096), 64<<20); !errors.Is(err, initiator.ErrRange) {
 		t.Fatalf("past the end: %v", err)
+	}
+}
+
+// TestEndedContextStartsNothing: a blocking request whose context has
+// already ended is not started, even with the session up: it fails with
+// the context's error and the volume is unchanged. (A request replayed
+// after a loss runs this path: one whose caller gave up must not run
+// later.)
+func TestEndedContextStartsNothing(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	c := e.client("host-a", nil)
+	ctx, cancel := context.WithCancel(tctx(t))
+	cancel()
+	data := bytes.Repeat([]byte{0xab}, 4096)
+	if err := c.WriteAt(ctx, data, 8192, false); !errors.Is(err, context.Canceled) {
+		t.Fatalf("WriteAt with an ended context: %v, want context.Canceled", err)
+	}
+	if err := c.WriteZeroes(ctx, 0, 4096, false); !errors.Is(err, context.Canceled) {
+		t.Fatalf("WriteZeroes with an ended context: %v, want context.Canceled", err)
+	}
+	got := make([]byte, 4096)
+	if err := c.ReadAt(tctx(t), got, 8192); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, make([]byte, 4096)) {
+		t.Fatal("a write with an ended context reached the volume")
 	}
 }

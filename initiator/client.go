@@ -366,7 +366,9 @@ func (c *Client) onClose(f func()) (stop func()) {
 
 // retry runs fn on the current session, again on the next one each time
 // the session is lost underneath it (replay), until it succeeds, fails
-// otherwise, or ctx ends.
+// otherwise, or ctx ends. Once ctx has ended fn is not started again, even
+// when a session is there: a request whose caller gave up (an NBD client
+// that left) must not run later, over what may have been written since.
 func (c *Client) retry(ctx context.Context, fn func(s *session) error) error {
 	return c.retryUnless(ctx, nil, fn)
 }
@@ -382,6 +384,9 @@ func (c *Client) retryUnless(ctx context.Context, stop func() bool, fn func(s *s
 		s, err := c.currentUnless(ctx, stop)
 		if err != nil {
 			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("initiator: not started: %w", err)
 		}
 		err = fn(s)
 		if err == nil || !errors.Is(err, errConnLost) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/pojntfx/go-nbd/pkg/protocol"
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/rnic-dev/rnic/initiator/nbd"
 	"github.com/rnic-dev/rnic/rnic"
@@ -310,6 +311,44 @@ func TestNBDEndsWhenTargetLostForGood(t *testing.T) {
 	}
 }
 
+// rinitRun is `rinit nbd` in front of a target on a memory store.
+type rinitRun struct {
+	st   store.Store
+	tt   *testTarget
+	log  *syncBuffer
+	sock string
+	done <-chan error
+	stop func() // SIGTERM
+}
+
+// rinitOnMemTarget starts a target on a memory store and `rinit nbd` in
+// front of it.
+func rinitOnMemTarget(t *testing.T) *rinitRun {
+	t.Helper()
+	r := &rinitRun{st: memVolume(t), log: &syncBuffer{}}
+	r.tt = startTarget(t, r.st, "127.0.0.1:0")
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	r.stop = cancel
+	r.sock, r.done = startRinitNBD(t, ctx, r.tt.addr, r.log)
+	return r
+}
+
+// exitsCleanly sends rinit SIGTERM and fails the test unless it exits
+// with status 0 within 30 s.
+func (r *rinitRun) exitsCleanly(t *testing.T) {
+	t.Helper()
+	r.stop()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Fatalf("rinit nbd after SIGTERM: %v, want exit status 0\n%s", err, r.log)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("rinit nbd did not stop on SIGTERM")
+	}
+}
+
 // TestNBDSurvivesTargetRestart: a target that restarts with the volume
 // (the initiator's reconnect succeeds) costs `rinit nbd` nothing: the same
 // NBD connection reads what it wrote, and rinit exits 0 on SIGTERM.
@@ -317,12 +356,8 @@ func TestNBDSurvivesTargetRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts targets and rinit")
 	}
-	st := memVolume(t)
-	tt := startTarget(t, st, "127.0.0.1:0")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	log := &syncBuffer{}
-	sock, done := startRinitNBD(t, ctx, tt.addr, log)
+	r := rinitOnMemTarget(t)
+	st, tt, log, sock := r.st, r.tt, r.log, r.sock
 	c := dialUnix(t, sock)
 	data := bytes.Repeat([]byte("restart "), 512)
 	if errno, _, err := c.do(nbd.CmdWrite, 8192, 4096, data); errno != 0 || err != nil {
@@ -340,20 +375,96 @@ func TestNBDSurvivesTargetRestart(t *testing.T) {
 		t.Fatalf("FLUSH after the target restarted: errno %d, %v", errno, err)
 	}
 	select {
-	case err := <-done:
+	case err := <-r.done:
 		t.Fatalf("rinit nbd ended after a target restart: %v\n%s", err, log)
 	case <-time.After(200 * time.Millisecond):
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("rinit nbd after SIGTERM: %v, want exit status 0\n%s", err, log)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("rinit nbd did not stop on SIGTERM")
-	}
+	r.exitsCleanly(t)
 	if strings.Contains(log.String(), "level=ERROR") {
 		t.Errorf("errors logged over a target restart:\n%s", log)
+	}
+}
+
+// TestNBDDepartedClientWriteNotReplayed: a WRITE that waits for the
+// target to come back is abandoned when its client leaves without
+// NBD_CMD_DISC (here it closes the connection, as the kernel's NBD client
+// does when its timeout fires): when the target is back, it is not
+// replayed, so it cannot put older data back over what was written after
+// (the client was told nothing). rinit logs that it abandoned it.
+func TestNBDDepartedClientWriteNotReplayed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts targets and rinit")
+	}
+	r := rinitOnMemTarget(t)
+	st, tt, log, sock := r.st, r.tt, r.log, r.sock
+	first := bytes.Repeat([]byte("first   "), 512)
+	c1 := dialUnix(t, sock)
+	if errno, _, err := c1.do(nbd.CmdWrite, 8192, 4096, first); errno != 0 || err != nil {
+		t.Fatalf("WRITE: errno %d, %v", errno, err)
+	}
+	tt.stop()
+
+	// A WRITE while no target is there, left waiting: rinit has read it
+	// (and dispatched it: its reader looks at the socket again only after)
+	// once the socket holds none of its bytes.
+	stale := bytes.Repeat([]byte("stale   "), 512)
+	var h [nbd.RequestSize]byte
+	nbd.Request(h[:]).Encode(protocol.TransmissionRequestHeader{RequestMagic: protocol.TRANSMISSION_MAGIC_REQUEST,
+		Type: nbd.CmdWrite, Handle: 99, Offset: 8192, Length: 4096})
+	if _, err := c1.nc.Write(append(h[:], stale...)); err != nil {
+		t.Fatal(err)
+	}
+	waitConsumed(t, c1.nc)
+	c1.nc.Close()
+	// Its transmission ends at once (no request is left to wait for).
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(log.String(), "requests in flight are abandoned") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no log of the abandoned request after 20 s:\n%s", log)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	tt = startTarget(t, st, tt.addr)
+	c2 := dialUnix(t, sock)
+	// FLUSH waits for the writes in flight: a replay of the stale write
+	// would be done by the time it returns.
+	if errno, _, err := c2.do(nbd.CmdFlush, 0, 0, nil); errno != 0 || err != nil {
+		t.Fatalf("FLUSH after the target came back: errno %d, %v\n%s", errno, err, log)
+	}
+	errno, got, err := c2.do(nbd.CmdRead, 8192, 4096, nil)
+	if errno != 0 || err != nil {
+		t.Fatalf("READ after the target came back: errno %d, %v\n%s", errno, err, log)
+	}
+	if !bytes.Equal(got, first) {
+		t.Fatalf("READ after the target came back: %.16q..., want the data written before the departed client's WRITE (%.16q...)\n%s",
+			got, first, log)
+	}
+	r.exitsCleanly(t)
+}
+
+// waitConsumed waits until the peer has read every byte written to the
+// unix stream socket nc (SIOCOUTQ: the bytes it has not read yet).
+func waitConsumed(t *testing.T, nc net.Conn) {
+	t.Helper()
+	raw, err := nc.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var queued int
+		var ierr error
+		raw.Control(func(fd uintptr) { queued, ierr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
+		if ierr != nil {
+			t.Fatalf("SIOCOUTQ: %v", ierr)
+		}
+		if queued == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the peer has not read %d bytes after 20 s", queued)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -38,7 +38,8 @@ func nbdCommand() *cli.Command {
 		Description: "Logs in to the volume and serves it over the NBD protocol (fixed newstyle) with FLUSH, FUA,\n" +
 			"TRIM, WRITE_ZEROES and multi-conn: every NBD connection shares the one session, and a flush\n" +
 			"on any of them reaches the target's store sync. A lost session is re-established (at the next\n" +
-			"--target) and its requests replayed; when every target refuses the login for good (the volume\n" +
+			"--target) and its requests replayed (but not those of an NBD client that left meanwhile without\n" +
+			"NBD_CMD_DISC: they are dropped); when every target refuses the login for good (the volume\n" +
 			"is gone, the secret changed), rinit ends the NBD connections and exits with an error.\n" +
 			"Try: nbdinfo nbd://127.0.0.1:10809",
 		Flags:  flags,

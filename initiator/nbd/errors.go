@@ -18,6 +18,10 @@ var (
 	ErrMalformed = errors.New("nbd: malformed option data")
 	// ErrConfig: the Server or one of its Exports is misconfigured.
 	ErrConfig = errors.New("nbd: invalid configuration")
+	// ErrClientGone is the cause of the context of a connection's Backend
+	// calls once its client left without NBD_CMD_DISC
+	// (context.Cause): its requests still in flight are abandoned.
+	ErrClientGone = errors.New("nbd: the client left without NBD_CMD_DISC")
 )
 
 // Error is a Backend error that carries the NBD error value to send to the

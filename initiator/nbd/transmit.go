@@ -40,9 +40,15 @@ func (r *request) Complete(err error) Flusher {
 
 // transmission is the transmission phase of one connection.
 type transmission struct {
-	c      *conn
-	sel    selected
-	ctx    context.Context
+	c   *conn
+	sel selected
+	// ctx is the context of the connection's Backend calls: the server's,
+	// also cancelled (abandon) when the client leaves without
+	// NBD_CMD_DISC.
+	ctx     context.Context
+	abandon context.CancelCauseFunc
+	// disc: the reader stopped at NBD_CMD_DISC.
+	disc   bool
 	slots  chan struct{} // one per request in flight
 	budget *budget
 	wg     sync.WaitGroup // requests read and not yet replied to
@@ -63,10 +69,11 @@ func (c *conn) transmit(ctx context.Context, sel selected) error {
 	t := &transmission{
 		c:      c,
 		sel:    sel,
-		ctx:    ctx,
 		slots:  make(chan struct{}, c.cfg.maxInFlight),
 		budget: newBudget(c.cfg.maxInFlightBytes),
 	}
+	t.ctx, t.abandon = context.WithCancelCause(ctx)
+	defer t.abandon(nil)
 	t.async, _ = sel.exp.Backend.(AsyncBackend)
 	t.plugger, _ = sel.exp.Backend.(Plugger)
 	t.replies.init(t)
@@ -74,6 +81,19 @@ func (c *conn) transmit(ctx context.Context, sel selected) error {
 	readErr := t.reader()
 	t.endPlug()
 	c.log.Debug("nbd: reader stopped", "err", readErr)
+	if !t.disc && ctx.Err() == nil {
+		// The client left without NBD_CMD_DISC (it closed or reset the
+		// connection, timed out, or broke the protocol): no reply will
+		// reach it. A request still waiting for the Backend (a write
+		// waiting for a lost session to come back, to be replayed) must
+		// not run later: the client was told nothing, may have written
+		// the same blocks since over another connection, and a replay
+		// then would put the older data back over them.
+		if n := len(t.slots); n > 0 {
+			c.log.Info(abandonedMsg, "in_flight", n)
+		}
+		t.abandon(ErrClientGone)
+	}
 
 	// Every request read gets a reply; wait until they are written, within
 	// bounds.
@@ -93,6 +113,11 @@ func (c *conn) transmit(ctx context.Context, sel selected) error {
 	}
 	return readErr
 }
+
+// abandonedMsg is the log message of a client that left with requests in
+// flight.
+const abandonedMsg = "nbd: the client left without NBD_CMD_DISC; its requests in flight are abandoned: " +
+	"those still waiting for the target will not run"
 
 // newRequest returns a recycled request (or a new one).
 func (t *transmission) newRequest() *request {
@@ -128,6 +153,7 @@ func (t *transmission) reader() error {
 		typ := h.Type()
 		if typ == CmdDisc {
 			c.log.Debug("nbd: NBD_CMD_DISC")
+			t.disc = true
 			return nil
 		}
 		r := t.newRequest()

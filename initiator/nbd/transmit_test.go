@@ -261,12 +261,7 @@ func TestDiscWaitsForInFlight(t *testing.T) {
 		}
 		return nil
 	}
-	srv := oneExport(m)
-	log := watchLog(t)
-	srv.Logger = log.Logger
-	s := serve(t, srv)
-	c := dial(t, s.addr, clientFlagFixedNewstyle)
-	c.goExport("x")
+	s, c, log := serveWatched(t, m)
 	for i := range 3 {
 		c.send(CmdWrite, 0, uint64(10+i), uint64(i)*4096, 4096, pattern(4096, byte(i)))
 	}
@@ -295,6 +290,74 @@ func TestDiscWaitsForInFlight(t *testing.T) {
 	}
 }
 
+// TestClientLeavingAbandonsRequests: a client that closes its connection
+// without NBD_CMD_DISC abandons its requests in flight: the context of
+// the Backend call still running is cancelled, with ErrClientGone as its
+// cause, and the server says so in its log. After NBD_CMD_DISC it is not:
+// the requests in flight run to the end (TestDiscWaitsForInFlight).
+func TestClientLeavingAbandonsRequests(t *testing.T) {
+	for _, disc := range []bool{false, true} {
+		t.Run(map[bool]string{false: "close", true: "disc"}[disc], func(t *testing.T) {
+			m := newMem(1 << 20)
+			entered, release := make(chan struct{}), make(chan struct{})
+			cause := make(chan error, 1)
+			m.hook = func(ctx context.Context, op string, off, n int64) error {
+				if op != "write" {
+					return nil
+				}
+				close(entered)
+				select {
+				case <-ctx.Done():
+				case <-release:
+				}
+				cause <- context.Cause(ctx)
+				return nil
+			}
+			s, c, log := serveWatched(t, m)
+			c.send(CmdWrite, 0, 7, 0, 4096, pattern(4096, 3))
+			<-entered
+			if disc {
+				c.send(CmdDisc, 0, 8, 0, 0, nil)
+				log.wait(t, "nbd: NBD_CMD_DISC", 1)
+				// The reader stopped; the write is not abandoned:
+				// only its release ends it.
+				select {
+				case err := <-cause:
+					t.Fatalf("the write's context ended after NBD_CMD_DISC: %v", err)
+				case <-time.After(100 * time.Millisecond):
+				}
+				close(release)
+				if err := <-cause; err != nil {
+					t.Fatalf("the write's context after NBD_CMD_DISC: %v, want none", err)
+				}
+				if r := c.reply(); r.cookie != 7 || r.errno != 0 {
+					t.Fatalf("reply: cookie %d errno %d", r.cookie, r.errno)
+				}
+				s.expectEnd(t, c, nil)
+				return
+			}
+			c.nc.Close()
+			if err := <-cause; !errors.Is(err, ErrClientGone) {
+				t.Fatalf("the write's context after the client left: cause %v, want ErrClientGone", err)
+			}
+			log.wait(t, abandonedMsg, 1)
+		})
+	}
+}
+
+// serveWatched serves be as the one export "x" with a watched log, and
+// returns a client in its transmission phase.
+func serveWatched(t *testing.T, be Backend) (*served, *rawClient, *logWatch) {
+	t.Helper()
+	srv := oneExport(be)
+	log := watchLog(t)
+	srv.Logger = log.Logger
+	s := serve(t, srv)
+	c := dial(t, s.addr, clientFlagFixedNewstyle)
+	c.goExport("x")
+	return s, c, log
+}
+
 func TestBadRequestMagicCloses(t *testing.T) {
 	s := serve(t, oneExport(newMem(1<<20)))
 	c := dial(t, s.addr, clientFlagFixedNewstyle)
@@ -321,12 +384,7 @@ func TestBadMagicWithRequestInFlight(t *testing.T) {
 		}
 		return nil
 	}
-	srv := oneExport(m)
-	log := watchLog(t)
-	srv.Logger = log.Logger
-	s := serve(t, srv)
-	c := dial(t, s.addr, clientFlagFixedNewstyle)
-	c.goExport("x")
+	s, c, log := serveWatched(t, m)
 	c.send(CmdRead, 0, 5, 0, 4096, nil)
 	<-entered
 	c.write(make([]byte, RequestSize))    // magic 0

@@ -99,6 +99,12 @@ func (c *controller) discoveryLog(ctx context.Context) ([]byte, error) {
 	}
 	var nqns []string
 	for _, v := range vols {
+		if v.Unavailable != "" {
+			// A raw volume whose file or device is gone: a connect to it
+			// would fail. It is listed again (a new generation of the
+			// log) once it is back.
+			continue
+		}
 		nqn := SubsystemNQN(s.cfg.NQNPrefix, v.Name)
 		if nqn != "" && s.allowed(v.Name, c.hostNQN, c.remote) {
 			nqns = append(nqns, nqn)

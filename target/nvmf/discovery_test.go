@@ -1,10 +1,15 @@
 package nvmf
 
 import (
+	"context"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/rnic-dev/rnic/store"
 )
 
 // TestDiscovery: `nvme discover`'s exchange against the discovery
@@ -70,5 +75,61 @@ func TestDiscovery(t *testing.T) {
 	en := DiscoveryEntry(all[DiscoveryHeaderLen:])
 	if en.AdrFam() != AdrFamIPv6 || en.TrAddr() != "fd00::5" || en.TrSvcID() != strconv.Itoa(4420) {
 		t.Fatalf("advertised entry %d %q %q", en.AdrFam(), en.TrAddr(), en.TrSvcID())
+	}
+}
+
+// TestDiscoveryLeavesOutUnavailable: a raw volume whose file is gone is
+// not in the discovery log (a connect to it would fail), and the log's
+// generation counter changes when it goes and when it comes back, so
+// hosts that watch it see both.
+func TestDiscoveryLeavesOutUnavailable(t *testing.T) {
+	e := newTestEnv(t, envOpts{thin: true, volumes: map[string]int64{"thin": 8 << 20}})
+	img := filepath.Join(t.TempDir(), "disk.img")
+	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.st.CreateVolume(context.Background(), "raw", 0, store.CreateOptions{Raw: img}); err != nil {
+		t.Fatal(err)
+	}
+	h := connectHost(t, e.addr, DiscoveryNQN, hostOpts{kato: 0})
+	list := func(when string) (nqns []string, gen uint64) {
+		t.Helper()
+		b, st, err := h.getLog(LogDiscovery, DiscoveryHeaderLen+4*DiscoveryEntryLen, 0)
+		if err != nil || st != StatusSuccess {
+			t.Fatalf("%s: discovery log: %v %v", when, st, err)
+		}
+		for i := range DiscoveryHeader(b).NumRec() {
+			nqns = append(nqns, DiscoveryEntry(b[DiscoveryHeaderLen+int(i)*DiscoveryEntryLen:]).SubNQN())
+		}
+		return nqns, DiscoveryHeader(b).GenCtr()
+	}
+	want := func(when string, got []string, names ...string) {
+		t.Helper()
+		if len(got) != len(names) {
+			t.Fatalf("%s: log lists %q, want %q", when, got, names)
+		}
+		for i, n := range names {
+			if got[i] != e.srv.NQN(n) {
+				t.Fatalf("%s: log lists %q, want %q", when, got, names)
+			}
+		}
+	}
+	got, gen0 := list("served")
+	want("served", got, "raw", "thin")
+	if err := os.Remove(img); err != nil {
+		t.Fatal(err)
+	}
+	got, gen1 := list("file gone")
+	want("file gone", got, "thin")
+	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, gen2 := list("file back")
+	want("file back", got, "raw", "thin")
+	if gen1 == gen0 || gen2 == gen1 {
+		t.Errorf("generation counters %#x, %#x, %#x: want a change at each step", gen0, gen1, gen2)
+	}
+	if err := h.disconnect(); err != nil {
+		t.Fatal(err)
 	}
 }

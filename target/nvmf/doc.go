@@ -5,7 +5,8 @@
 //
 // Every volume of the store is namespace 1 of its own NVM subsystem, NQN
 // "nqn.2026-11.dev.rnic:NAME" (subsystem.go); a discovery controller lists
-// the subsystems a host may reach (discovery.go). Queues are RNIC QPs on
+// the subsystems a host may reach and whose volume is available (a raw
+// volume whose file is gone is left out; discovery.go). Queues are RNIC QPs on
 // this module's engine (rnic/), each on an internal/endpoint Endpoint, and
 // data buffers come from its budgeted Pool. Where things happen:
 //

@@ -46,7 +46,7 @@ func ddpHeaderLen(h []byte) int {
 // RDMA header is echoed.
 func echoesReadRequest(h []byte) bool {
 	return len(h) >= ddp.UntaggedHeaderLen && !ddp.IsTagged(h[0]) &&
-		Opcode(h[1]&maskOpcode) == OpReadRequest && ValidVersion(h[1]>>6, OpReadRequest)
+		Opcode(h[1]&maskOpcode) == OpReadRequest && ValidVersion(CtrlVersion(h[1]), OpReadRequest)
 }
 
 // appendFixed appends exactly n bytes of p: truncated or zero-padded.

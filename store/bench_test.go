@@ -198,7 +198,7 @@ func plainFile(tb testing.TB, size int64, fill bool) fileTarget {
 		tb.Fatal(err)
 	}
 	if fill {
-		fillTarget(tb, fileTarget{fd}, size)
+		fillTargetBy(tb, fileTarget{fd}, size, fileFill(tb))
 		// Written back before the benchmark, as the store's volume is.
 		if err := unix.Fdatasync(fd); err != nil {
 			tb.Fatal(err)
@@ -207,12 +207,11 @@ func plainFile(tb testing.TB, size int64, fill bool) fileTarget {
 	return fileTarget{fd}
 }
 
-func fillTarget(tb testing.TB, t ioTarget, size int64) {
-	n := 1 << 20
-	if _, ok := t.(fileTarget); ok {
-		n = fileFill(tb)
-	}
-	buf := make([]byte, n)
+func fillTarget(tb testing.TB, t ioTarget, size int64) { fillTargetBy(tb, t, size, 1<<20) }
+
+// fillTargetBy writes t in full in writes of piece bytes.
+func fillTargetBy(tb testing.TB, t ioTarget, size int64, piece int) {
+	buf := make([]byte, piece)
 	for i := 0; i < len(buf); i += store.BlockSize {
 		storetest.FillBlock(buf[i:i+store.BlockSize], uint64(i), 1)
 	}

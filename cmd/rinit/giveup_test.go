@@ -187,15 +187,21 @@ func dialUnix(t *testing.T, sock string) *nbdUnix {
 	return c
 }
 
+// send sends one request (with the next cookie) without waiting for its
+// reply.
+func (c *nbdUnix) send(typ uint16, off uint64, length uint32, payload []byte) error {
+	c.cookie++
+	var h [nbd.RequestSize]byte
+	nbd.Request(h[:]).Encode(protocol.TransmissionRequestHeader{RequestMagic: protocol.TRANSMISSION_MAGIC_REQUEST, Type: typ,
+		Handle: c.cookie, Offset: off, Length: length})
+	_, err := c.nc.Write(append(h[:], payload...))
+	return err
+}
+
 // do sends one request and waits for its reply: the NBD error, and for a
 // READ its data; err is set when the connection failed or ended instead.
 func (c *nbdUnix) do(typ uint16, off uint64, length uint32, payload []byte) (errno uint32, data []byte, err error) {
-	c.cookie++
-	var h [nbd.RequestSize]byte
-	r := nbd.Request(h[:])
-	r.Encode(protocol.TransmissionRequestHeader{RequestMagic: protocol.TRANSMISSION_MAGIC_REQUEST, Type: typ,
-		Handle: c.cookie, Offset: off, Length: length})
-	if _, err := c.nc.Write(append(h[:], payload...)); err != nil {
+	if err := c.send(typ, off, length, payload); err != nil {
 		return 0, nil, err
 	}
 	var rep [nbd.SimpleReplySize]byte
@@ -408,10 +414,7 @@ func TestNBDDepartedClientWriteNotReplayed(t *testing.T) {
 	// (and dispatched it: its reader looks at the socket again only after)
 	// once the socket holds none of its bytes.
 	stale := bytes.Repeat([]byte("stale   "), 512)
-	var h [nbd.RequestSize]byte
-	nbd.Request(h[:]).Encode(protocol.TransmissionRequestHeader{RequestMagic: protocol.TRANSMISSION_MAGIC_REQUEST,
-		Type: nbd.CmdWrite, Handle: 99, Offset: 8192, Length: 4096})
-	if _, err := c1.nc.Write(append(h[:], stale...)); err != nil {
+	if err := c1.send(nbd.CmdWrite, 8192, 4096, stale); err != nil {
 		t.Fatal(err)
 	}
 	waitConsumed(t, c1.nc)

@@ -257,15 +257,15 @@ func (s *controlServer) close() {
 // path meanwhile: a directory of that pattern already there is one a
 // process killed while it bound left behind, and is removed.
 func listenPrivate(path string) (*net.UnixListener, error) {
-	prefix := "." + filepath.Base(path) + "."
-	if ents, err := os.ReadDir(filepath.Dir(path)); err == nil {
+	dir, prefix := filepath.Dir(path), "."+filepath.Base(path)+"."
+	if ents, err := os.ReadDir(dir); err == nil {
 		for _, e := range ents {
 			if e.IsDir() && strings.HasPrefix(e.Name(), prefix) {
-				os.RemoveAll(filepath.Join(filepath.Dir(path), e.Name()))
+				os.RemoveAll(filepath.Join(dir, e.Name()))
 			}
 		}
 	}
-	tmp, err := os.MkdirTemp(filepath.Dir(path), prefix)
+	tmp, err := os.MkdirTemp(dir, prefix)
 	if err != nil {
 		return nil, err
 	}

@@ -112,13 +112,15 @@
 // 32 MiB are skipped and refused with EINVAL, since the specification
 // says they should not be treated as a denial of service). NBD_CMD_DISC
 // stops the reader, lets the requests in flight finish and sends their
-// replies, then closes. A client that leaves without it (closes or resets
-// the connection, breaks the protocol) abandons its requests in flight:
-// the context of their Backend calls is cancelled (its cause
-// ErrClientGone), so a request that still waits (initiator: a write
-// waiting for a lost session, to be replayed on the next) fails instead
-// of running later, when the client, told nothing, may have written the
-// same blocks again over another connection. On shutdown (ctx cancelled) the same happens,
+// replies, then closes. On shutdown (ctx cancelled) the same happens,
 // except that Backend calls see the cancelled context and their errors
 // go out as ESHUTDOWN; closing replies are bounded by Server.DrainTimeout.
+//
+// A client that leaves without NBD_CMD_DISC (closes or resets the
+// connection, breaks the protocol) abandons its requests in flight: the
+// context of their Backend calls is cancelled, with ErrClientGone as its
+// cause, so a request that still waits (initiator: a write waiting for a
+// lost session, to be replayed on the next) fails instead of running
+// later, when the client, told nothing, may have written the same blocks
+// again over another connection.
 package nbd

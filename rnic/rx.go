@@ -271,10 +271,14 @@ func (r *rxState) loop() (end rxEnd, err error, paused bool) {
 		}
 		if perr != nil {
 			pe := perr.(*protoErr)
+			// The stream fails before the error completion is pushed: a
+			// consumer polling on another goroutine may reset the QP as
+			// soon as it sees the completion, and the reset sends the
+			// Terminate only if it is pending by then (conn.lastTerminate).
+			c.fail(pe.f, pe.ev, pe.err)
 			if pe.wc != StatusSuccess && r.recvActive {
 				r.completeRecv(pe.wc, 0)
 			}
-			c.fail(pe.f, pe.ev, pe.err)
 			return endProtocol, pe, false
 		}
 		if !r.sawFirst {
@@ -936,11 +940,11 @@ func (r *rxState) apply() (rxEnd, bool) {
 				if st != StatusInvalidSTag {
 					st = StatusInvalidateFailed
 				}
-				r.completeRecv(st, 0)
 				r.hl = ddp.UntaggedHeaderLen
 				copy(r.hdr[:], a.h)
 				tf := rdmap.TerminateFor(f.cause, r.hdr[:ddp.UntaggedHeaderLen], ddp.UntaggedHeaderLen+a.payload)
 				c.fail(tf, 0, fmt.Errorf("remote invalidate of %s: %s", a.inv, f.cause))
+				r.completeRecv(st, 0) // after the failure, as in loop
 				return endProtocol, true
 			}
 		}
@@ -975,6 +979,7 @@ func (r *rxState) apply() (rxEnd, bool) {
 					st = f.status
 				}
 			}
+			r.failBefore(st)
 			ok = q.completeLocked(qp, done.idx, st, r)
 		}
 		return r.ordDone(st, ok)
@@ -984,6 +989,7 @@ func (r *rxState) apply() (rxEnd, bool) {
 		done := q.ord[0]
 		q.popORD()
 		st := r.writeResult(q.at(done.idx).wr.Local, a.orig)
+		r.failBefore(st)
 		return r.ordDone(st, q.completeLocked(qp, done.idx, st, r))
 	case actPushResp:
 		c.respMu.Lock()
@@ -998,6 +1004,22 @@ func (r *rxState) apply() (rxEnd, bool) {
 		return endTermRecv, true
 	}
 	return 0, false
+}
+
+// failBefore fails the stream (as ordDone would) before a Read or Atomic
+// WQE completes with an error st, so that the Terminate is pending when the
+// consumer sees the completion (see loop). It is called with the send
+// queue locked, and drops the lock meanwhile: conn.fail takes the QP's
+// lock, which comes before the send queue's (QP.flush). Nothing completes
+// the WQE in between: only the end of this stream flushes the send queue.
+func (r *rxState) failBefore(st Status) {
+	if st == StatusSuccess {
+		return
+	}
+	q := r.qp.sq
+	q.mu.Unlock()
+	r.c.fail(localCatastrophic, 0, nil)
+	q.mu.Lock()
 }
 
 // ordDone finishes an outstanding Read or Atomic whose WQE completed with

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
+	"fmt"
 	"log/slog"
 	"math"
 	"strings"
@@ -986,3 +987,92 @@ func (h messageHandler) Handle(_ context.Context, r slog.Record) error {
 }
 func (h messageHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h messageHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestTerminateSentWhenDestroyedAtError: a consumer that destroys the QP
+// as soon as a work request fails (as the NVMe/RDMA target does with a
+// queue whose host broke the protocol) still lets the Terminate go out
+// (draft §6.2.3: "The RNIC MUST attempt to send the RDMAP Terminate
+// Message"); the reset comes after it.
+//
+//   - direct: the transmitter is held until the receive CQ's direct
+//     handler, which releases it and destroys the QP at once, so the reset
+//     nearly always comes before the transmit goroutine could send the
+//     Terminate itself (conn.lastTerminate sends it then);
+//   - polling: a goroutine polls the receive CQ and destroys the QP at the
+//     first error completion. The QP must be out of RTS by then: the
+//     stream fails before the error completion is pushed, or the reset
+//     would find no Terminate pending.
+func TestTerminateSentWhenDestroyedAtError(t *testing.T) {
+	for _, polling := range []bool{false, true} {
+		for i := range 10 {
+			name := fmt.Sprintf("direct/%d", i)
+			if polling {
+				name = fmt.Sprintf("polling/%d", i)
+			}
+			t.Run(name, func(t *testing.T) {
+				tt := newTermTarget(t, QPConfig{InboundRead: true}, 1, 64)
+				p := tt.dial(t, rawpeer.Options{CRC: true})
+				destroyed := make(chan error, 1)
+				var seenIn QPState
+				onError := func() {
+					seenIn = tt.qp.State()
+					destroyed <- tt.qp.Destroy()
+				}
+				if polling {
+					stop := make(chan struct{})
+					defer close(stop)
+					go func() {
+						var wcs [4]WC
+						for {
+							for _, wc := range wcs[:tt.rcq.Poll(wcs[:])] {
+								if wc.Status != StatusSuccess {
+									onError()
+									return
+								}
+							}
+							select {
+							case <-stop:
+								return
+							default:
+							}
+						}
+					}()
+				} else {
+					_, release := holdTransmitter(t, tt, p)
+					var once sync.Once
+					tt.rcq.SetDirectHandler(func() bool {
+						var wcs [4]WC
+						for _, wc := range wcs[:tt.rcq.Poll(wcs[:])] {
+							if wc.Status != StatusSuccess {
+								once.Do(func() {
+									release()
+									onError()
+								})
+							}
+						}
+						return true
+					})
+				}
+				sendULPDU(t, p, p.SendMsg(rdmap.OpSend, 0, make([]byte, 65)))
+				tm, _, err := p.ReadTerminate(10 * time.Second)
+				if err != nil {
+					t.Fatalf("reading the Terminate: %v", err)
+				}
+				if want := ddpUntagged(term.UntaggedTooLong); tm.Cause != want {
+					t.Errorf("Terminate cause %s, want %s", tm.Cause, want)
+				}
+				select {
+				case err := <-destroyed:
+					if err != nil {
+						t.Errorf("Destroy QP: %v", err)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatal("the consumer never saw the receive's error completion")
+				}
+				if seenIn == StateRTS {
+					t.Errorf("the error completion was seen with the QP still in RTS")
+				}
+			})
+		}
+	}
+}

@@ -43,8 +43,11 @@ type txState struct {
 	// preferResp alternates the two queues for fairness.
 	preferResp bool
 	writeErr   atomic.Pointer[error]
-	off        int  // batch bytes already written (a non-blocking write stopped there)
-	inline     bool // sending from pushInline: take only small messages, never block
+	off        int // batch bytes already written (a non-blocking write stopped there)
+	// termWritten: the pending Terminate went to the socket (by the
+	// transmit goroutine, or by lastTerminate when the stream was reset).
+	termWritten bool
+	inline      bool // sending from pushInline: take only small messages, never block
 	// writeFn writes the batch from off for c.raw.Write, made once (a
 	// closure per write would allocate). While the socket is full it has
 	// the poller wait (flush), or, with nowait, stops with EAGAIN in werr
@@ -141,6 +144,7 @@ func (t *txState) run() bool {
 			t.flush()
 			t.sendTerminate()
 			t.flush()
+			t.termWritten = t.writeErr.Load() == nil
 			closeWrite(c.nc)
 			return true
 		case txSilent:
@@ -411,11 +415,13 @@ func (t *txState) sendTerminate() {
 // RDMAP Local Catastrophic Error (draft Fig. 23: 0x0000). The completion
 // reports it, so no asynchronous event is raised.
 func (t *txState) localError(idx uint32, st Status) {
+	// The stream fails first: a consumer that resets the QP on seeing the
+	// completion then finds the Terminate pending (rxState.loop).
+	t.c.fail(localCatastrophic, 0, nil)
 	q := t.qp.sq
 	q.mu.Lock()
 	q.completeLocked(t.qp, idx, st, nil)
 	q.mu.Unlock()
-	t.c.fail(localCatastrophic, 0, nil)
 }
 
 // sendWQE starts the next send queue WQE, if its fences and ORD allow.

@@ -92,6 +92,10 @@ type Endpoint struct {
 	cancel  context.CancelFunc
 	loop    sync.WaitGroup
 	started bool
+	// closing: Close has begun (under mu), so a Start that comes after it
+	// (a server's shutdown racing the accept of a new connection) starts
+	// nothing, and Close's wait for the loop orders after any Start before it.
+	closing bool
 	direct  bool
 
 	// hmu serializes the handler: the loop and the direct handler each
@@ -284,12 +288,18 @@ func (e *Endpoint) Start(h Handler) {
 		panic("endpoint: Start called twice")
 	}
 	e.started = true
+	if e.closing {
+		e.mu.Unlock()
+		return
+	}
 	e.handler = h
 	e.loop.Add(1)
-	e.mu.Unlock()
 	if e.direct {
+		// Under mu too: a Close that follows clears it, never one that
+		// came before.
 		e.CQ.SetDirectHandler(e.runDirect)
 	}
+	e.mu.Unlock()
 	go e.run()
 }
 
@@ -440,6 +450,9 @@ func (e *Endpoint) CloseGracefully(timeout time.Duration) {
 func (e *Endpoint) Close(release func()) error {
 	var err error
 	e.closeOnce.Do(func() {
+		e.mu.Lock()
+		e.closing = true
+		e.mu.Unlock()
 		e.Stopped()
 		e.CQ.SetDirectHandler(nil)
 		e.cancel()

@@ -271,3 +271,42 @@ func TestRegisterDuringClose(t *testing.T) {
 		t.Errorf("%d of the %d regions registered outlived Close (the first: %s)", len(left), len(mrs), left[0])
 	}
 }
+
+// TestStartRacingClose: a Close on one goroutine and a Start on another
+// (a server's shutdown ending a queue its accept is still starting) are
+// ordered: either the loop started and Close stopped and waited for it,
+// or Start came second and started nothing. The race detector checks the
+// ordering; the handler must never run once Close has returned.
+func TestStartRacingClose(t *testing.T) {
+	for i := range 20 {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			a, _ := pair(t, testConfig())
+			var closed atomic.Bool
+			var late atomic.Int32
+			start := make(chan struct{})
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				<-start
+				a.Start(func(wcs []rnic.WC) bool {
+					if closed.Load() {
+						late.Add(1)
+					}
+					return true
+				})
+			}()
+			close(start)
+			if err := a.Close(nil); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+			closed.Store(true)
+			<-done
+			// A Start that came second left nothing running: the CQ it
+			// would poll is gone, and so is the loop.
+			time.Sleep(time.Millisecond)
+			if n := late.Load(); n != 0 {
+				t.Errorf("the handler ran %d times after Close returned", n)
+			}
+		})
+	}
+}

@@ -274,6 +274,25 @@ type capture struct {
 	errb bytes.Buffer
 }
 
+// keep copies the capture out of the test's temporary directory, which
+// goes with the test, so that a failed check can be dissected afterwards;
+// it returns where the copy is (or why there is none).
+func (c *capture) keep(t *testing.T) string {
+	b, err := os.ReadFile(c.path)
+	if err != nil {
+		return err.Error()
+	}
+	f, err := os.CreateTemp("", "rnic-"+strings.ReplaceAll(t.Name(), "/", "-")+"-*.pcapng")
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	if _, err := f.Write(b); err != nil {
+		return err.Error()
+	}
+	return f.Name()
+}
+
 func startCapture(t *testing.T, ports []int) *capture {
 	t.Helper()
 	c := &capture{path: filepath.Join(t.TempDir(), "lo.pcapng")}
@@ -380,7 +399,9 @@ func (c *capture) check(t *testing.T, crc bool) {
 	t.Logf("tshark on lo: %d frames, %d with iWARP DDP/RDMAP PDUs, %d MPA Requests, %d Replies, %d good CRCs, %d bad CRCs, %d malformed, %d bad lengths or rejects",
 		frames, fpdus, reqs, reps, good, bad, malformed, badLen)
 	if malformed != 0 || bad != 0 || badLen != 0 {
-		t.Errorf("tshark: %d malformed frames, %d bad CRCs, %d bad lengths or rejects", malformed, bad, badLen)
+		t.Errorf("tshark: %d malformed frames, %d bad CRCs, %d bad lengths or rejects (frames: %s; capture kept: %s)",
+			malformed, bad, badLen, strings.Join(strings.Fields(tsharkRead(t, c.path, "-Y", "_ws.malformed || iwarp_mpa.bad_length",
+				"-T", "fields", "-e", "frame.number")), ","), c.keep(t))
 	}
 	// rping both ways, and perftest's comm+data connections three times.
 	if reqs < 8 || reps < 8 {

@@ -309,15 +309,15 @@ func (c *conn) kick() {
 
 func (c *conn) openGate() { c.gateOnce.Do(func() { close(c.gate) }) }
 
-func (c *conn) setMode(m txMode) (prev txMode) {
+func (c *conn) setMode(m txMode) {
 	for {
 		old := txMode(c.mode.Load())
 		if old >= m {
-			return old
+			return
 		}
 		if c.mode.CompareAndSwap(int32(old), int32(m)) {
 			c.kick()
-			return old
+			return
 		}
 	}
 }
@@ -401,48 +401,35 @@ func (c *conn) abortWith(ev EventType) {
 		return
 	}
 	c.abortEv.Store(uint32(ev))
-	if c.setMode(txAbort) == txTerminate {
-		c.lastTerminate()
+	if txMode(c.mode.Load()) == txTerminate {
+		c.awaitTerminate()
 	}
+	c.setMode(txAbort)
 	c.stopOnce.Do(func() { close(c.stop) })
 	c.openGate()
 	reset(c.nc)
 }
 
 // lastTerminateWait bounds how long a reset waits for the transmitter to
-// finish sending the pending Terminate (lastTerminate).
+// send the pending Terminate (awaitTerminate).
 const lastTerminateWait = 10 * time.Millisecond
 
-// lastTerminate is the attempt to send the pending Terminate that the
+// awaitTerminate is the attempt to send the pending Terminate that the
 // Terminate state requires ("The RNIC MUST attempt to send the RDMAP
 // Terminate Message", draft-hilland-rddp-verbs §6.2.3) when the stream is
-// reset before the transmitter sent it: a consumer that destroys the QP at
-// its first error completion (or moves it to Error) would otherwise reset
-// the connection under the transmitter, and the peer would see a reset
-// with no cause. The transmitter may be writing the Terminate at this very
-// moment: it gets lastTerminateWait to finish. Then whatever of the batch
-// and the Terminate the socket takes at once is written; nothing here waits
-// for the peer to read.
-func (c *conn) lastTerminate() {
-	deadline := time.Now().Add(lastTerminateWait)
-	for !c.txMu.TryLock() {
-		if time.Now().After(deadline) {
-			return // a write the peer does not drain; the reset ends it
-		}
-		time.Sleep(20 * time.Microsecond)
+// reset before the transmitter sent it, as when a consumer destroys the QP
+// at its first error completion: without it the reset would stop the
+// transmitter first, and the peer would see a reset with no cause. The
+// transmitter sends it as always (txState.run, txTerminate) and stops; a
+// write the peer does not drain is given lastTerminateWait, then the reset
+// ends it.
+func (c *conn) awaitTerminate() {
+	t := time.NewTimer(lastTerminateWait)
+	defer t.Stop()
+	select {
+	case <-c.txDone:
+	case <-t.C:
 	}
-	defer c.txMu.Unlock()
-	t := &c.tx
-	if t.termWritten || c.raw == nil || t.writeErr.Load() != nil {
-		return
-	}
-	// The batch ends at an FPDU boundary; what a non-blocking write left
-	// of it goes first.
-	if !t.flushNonBlocking() {
-		return
-	}
-	t.sendTerminate()
-	t.termWritten = t.flushNonBlocking()
 }
 
 // reset closes a connection abortively (TCP RST).

@@ -273,8 +273,8 @@ func (r *rxState) loop() (end rxEnd, err error, paused bool) {
 			pe := perr.(*protoErr)
 			// The stream fails before the error completion is pushed: a
 			// consumer polling on another goroutine may reset the QP as
-			// soon as it sees the completion, and the reset sends the
-			// Terminate only if it is pending by then (conn.lastTerminate).
+			// soon as it sees the completion, and the reset lets the
+			// Terminate out only if it is pending by then (conn.awaitTerminate).
 			c.fail(pe.f, pe.ev, pe.err)
 			if pe.wc != StatusSuccess && r.recvActive {
 				r.completeRecv(pe.wc, 0)

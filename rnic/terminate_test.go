@@ -997,7 +997,7 @@ func (h messageHandler) WithGroup(string) slog.Handler      { return h }
 //   - direct: the transmitter is held until the receive CQ's direct
 //     handler, which releases it and destroys the QP at once, so the reset
 //     nearly always comes before the transmit goroutine could send the
-//     Terminate itself (conn.lastTerminate sends it then);
+//     Terminate itself (the reset waits for it: conn.awaitTerminate);
 //   - polling: a goroutine polls the receive CQ and destroys the QP at the
 //     first error completion. The QP must be out of RTS by then: the
 //     stream fails before the error completion is pushed, or the reset

@@ -43,11 +43,8 @@ type txState struct {
 	// preferResp alternates the two queues for fairness.
 	preferResp bool
 	writeErr   atomic.Pointer[error]
-	off        int // batch bytes already written (a non-blocking write stopped there)
-	// termWritten: the pending Terminate went to the socket (by the
-	// transmit goroutine, or by lastTerminate when the stream was reset).
-	termWritten bool
-	inline      bool // sending from pushInline: take only small messages, never block
+	off        int  // batch bytes already written (a non-blocking write stopped there)
+	inline     bool // sending from pushInline: take only small messages, never block
 	// writeFn writes the batch from off for c.raw.Write, made once (a
 	// closure per write would allocate). While the socket is full it has
 	// the poller wait (flush), or, with nowait, stops with EAGAIN in werr
@@ -144,7 +141,6 @@ func (t *txState) run() bool {
 			t.flush()
 			t.sendTerminate()
 			t.flush()
-			t.termWritten = t.writeErr.Load() == nil
 			closeWrite(c.nc)
 			return true
 		case txSilent:

@@ -75,6 +75,13 @@ func checkRawPath(dir, path string, others []*thinRecord) error {
 	if err != nil {
 		return fmt.Errorf("raw: %w", err)
 	}
+	if fi.Mode().IsRegular() {
+		if own, err := storeFileOf(realDir, fi); err != nil {
+			return fmt.Errorf("raw: looking for %s among the store's files: %w", path, err)
+		} else if own != "" {
+			return fmt.Errorf("raw: %s is the store's own file %s under another name: %w", path, own, ErrInvalid)
+		}
+	}
 	for _, r := range others {
 		if r.Kind != KindRaw {
 			continue
@@ -84,6 +91,39 @@ func checkRawPath(dir, path string, others []*thinRecord) error {
 		}
 	}
 	return nil
+}
+
+// storeFileOf returns the path of the regular file under dir that is fi's
+// file (a hard link to it, or a bind mount of dir, gives it a name outside
+// dir), or "" when there is none. The check by path above cannot see such
+// names; this one compares device and inode numbers with every file of the
+// store, a few dozen at most, once per raw volume created.
+func storeFileOf(dir string, fi os.FileInfo) (string, error) {
+	var found string
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			if p != dir && errors.Is(err, os.ErrNotExist) {
+				return nil // removed meanwhile (a badger table compacted away)
+			}
+			return err
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		info, err := d.Info()
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if os.SameFile(fi, info) {
+			found = p
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	return found, err
 }
 
 // realPath returns the absolute path of path with its symbolic links

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rnic-dev/rnic/store"
 	"github.com/rnic-dev/rnic/store/storetest"
@@ -639,22 +642,7 @@ func TestRawRefusalsRelativePaths(t *testing.T) {
 		{"rel-store", filepath.Join(work, "rel-store", "data", "000000.data")},
 		{filepath.Join(work, "abs-store"), filepath.Join("abs-store", "data", "000000.data")},
 	} {
-		s, err := store.OpenThin(c.dir, store.ThinOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Data in the data file, which a raw volume on it would overwrite.
-		if _, err := s.CreateVolume(ctx, "thin", 1<<20, store.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		v, err := s.OpenVolume(ctx, "thin")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := v.WriteBlocks(ctx, 0, storetest.Pattern(0, 1, 1), true); err != nil {
-			t.Fatal(err)
-		}
-		v.Close()
+		s := thinWithData(t, c.dir)
 		if _, err := s.CreateVolume(ctx, "r", 0, store.CreateOptions{Raw: c.raw}); !errors.Is(err, store.ErrInvalid) {
 			t.Errorf("store %s: raw volume on its own data file %s: %v, want ErrInvalid", c.dir, c.raw, err)
 		}
@@ -895,4 +883,82 @@ func TestRawStoreSyncWaitsForRoundInFlight(t *testing.T) {
 	if n := calls.Load(); n < 2 {
 		t.Fatalf("%d fdatasync rounds, want Sync's own after the one in flight", n)
 	}
+}
+
+// TestRawRefusalsOtherNamesOfStoreFiles: a raw volume on a store file is
+// refused also when its path is outside the store's directory, by a hard
+// link to the data file or to a metadata file, or through a bind mount of
+// the directory: the path check alone let writes through the volume
+// overwrite the store's own data.
+func TestRawRefusalsOtherNamesOfStoreFiles(t *testing.T) {
+	ctx := context.Background()
+	base := t.TempDir()
+	dir := filepath.Join(base, "store")
+	s := thinWithData(t, dir)
+	defer s.Close()
+	outside := filepath.Join(base, "elsewhere")
+	if err := os.Mkdir(outside, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var targets []string
+	for _, rel := range []string{filepath.Join("data", "000000.data"), filepath.Join("data", "ballast")} {
+		if _, err := os.Stat(filepath.Join(dir, rel)); err == nil {
+			targets = append(targets, rel)
+		}
+	}
+	metas, _ := filepath.Glob(filepath.Join(dir, "*", "*.vlog"))
+	for _, m := range metas {
+		rel, _ := filepath.Rel(dir, m)
+		targets = append(targets, rel)
+	}
+	if len(targets) < 2 {
+		t.Fatalf("store files to link to: %v, want the data file and a metadata file", targets)
+	}
+	for i, rel := range targets {
+		link := filepath.Join(outside, fmt.Sprintf("link%d.img", i))
+		if err := os.Link(filepath.Join(dir, rel), link); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.CreateVolume(ctx, fmt.Sprintf("r%d", i), 0, store.CreateOptions{Raw: link}); !errors.Is(err, store.ErrInvalid) {
+			t.Errorf("raw volume on %s, a hard link to the store's %s: %v, want ErrInvalid", link, rel, err)
+		}
+	}
+
+	mnt := filepath.Join(base, "bind")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(dir, mnt, "", unix.MS_BIND, ""); err != nil {
+		t.Logf("bind mount: %v (not root?): that case not checked", err)
+		return
+	}
+	defer unix.Unmount(mnt, unix.MNT_DETACH)
+	through := filepath.Join(mnt, "data", "000000.data")
+	if _, err := s.CreateVolume(ctx, "bound", 0, store.CreateOptions{Raw: through}); !errors.Is(err, store.ErrInvalid) {
+		t.Errorf("raw volume on %s, the data file through a bind mount: %v, want ErrInvalid", through, err)
+	}
+}
+
+// thinWithData opens a thin store in dir with a volume "thin" whose first
+// block is written and synced: data in the data file, which a raw volume on
+// that file would overwrite.
+func thinWithData(t *testing.T, dir string) store.Store {
+	t.Helper()
+	ctx := context.Background()
+	s, err := store.OpenThin(dir, store.ThinOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateVolume(ctx, "thin", 1<<20, store.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.OpenVolume(ctx, "thin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.WriteBlocks(ctx, 0, storetest.Pattern(0, 1, 1), true); err != nil {
+		t.Fatal(err)
+	}
+	v.Close()
+	return s
 }

@@ -39,7 +39,9 @@ type rbdHead struct {
 	sizeAt atomic.Int64
 
 	// fenced is closed once the head finds it lost the volume (see
-	// watchLock); stop ends watchLock.
+	// watchLock, and close's last look); stop ends watchLock. served is
+	// set once takeOver holds the lock and the head is handed out.
+	served    bool
 	fenced    chan struct{}
 	fenceOnce sync.Once
 	stop      chan struct{}
@@ -141,12 +143,24 @@ func (b *rbdBackend) takeOver(ctx context.Context, name string) (*rbdHead, error
 	fmt.Fprintf(f, "%s/%s/%s", b.fsid, b.spec, imgID)
 	h.durable = f.Sum64() | 1
 	b.log.Info("serving volume", "volume", name, "pool", b.spec, "fencing_epoch", h.epoch)
+	h.served = true
 	go h.watchLock()
 	return h, nil
 }
 
 // close releases everything the head holds (the lock with the image).
+// A head that served the volume first looks once more whether it was
+// taken over (checkLock): the last session may have ended (its initiator
+// moved to the target that took over) before watchLock's next look, and a
+// target must still learn, and report, that it was fenced.
 func (h *rbdHead) close() error {
+	if h.served {
+		select {
+		case <-h.fenced:
+		default:
+			h.checkLock()
+		}
+	}
 	h.stopOnce.Do(func() { close(h.stop) })
 	var err error
 	if h.img != nil {
@@ -178,19 +192,30 @@ func (h *rbdHead) watchLock() {
 			return
 		case <-t.C:
 		}
-		owners, err := h.img.LockOwners()
-		if errors.Is(err, rbd.ErrFenced) {
-			h.markFenced(err)
-			return
-		}
-		if err != nil {
-			continue // the cluster is slow or away: requests report that
-		}
-		if own, err := h.img.IsLockOwner(); err == nil && !own {
-			h.markFenced(fmt.Errorf("the exclusive lock of %s/%s is owned by %v: %w", h.b.spec, h.name, owners, rbd.ErrLockLost))
+		if h.checkLock() {
 			return
 		}
 	}
+}
+
+// checkLock reads the lock's owners from the cluster and asks librbd
+// whether this handle still owns it; when another client took it (or this
+// one was blocklisted) it marks the head fenced and reports true. A cluster
+// that is slow or away is not taken for a loss: requests report that.
+func (h *rbdHead) checkLock() (fenced bool) {
+	owners, err := h.img.LockOwners()
+	if errors.Is(err, rbd.ErrFenced) {
+		h.markFenced(err)
+		return true
+	}
+	if err != nil {
+		return false
+	}
+	if own, err := h.img.IsLockOwner(); err == nil && !own {
+		h.markFenced(fmt.Errorf("the exclusive lock of %s/%s is owned by %v: %w", h.b.spec, h.name, owners, rbd.ErrLockLost))
+		return true
+	}
+	return false
 }
 
 func (h *rbdHead) markFenced(err error) {

@@ -48,7 +48,9 @@ type volume struct {
 	// the store's DurableID for a volume of a shared store (store.Fencer).
 	bootID uint64
 	// fenced is set once the store reported the handle fenced; done is
-	// closed when the last session released the volume.
+	// closed when the last session released the volume and its handle is
+	// closed (the store may find the fencing while it closes: a handle
+	// taken over looks once more as it lets the volume go).
 	fenced atomic.Bool
 	done   chan struct{}
 }
@@ -329,9 +331,11 @@ func (t *Target) openVolume(ctx context.Context, name string) (*volume, error) {
 			case <-f.Fenced():
 			case <-vol.done:
 			}
-			// Fenced wins a tie: the last session may end (its initiator
-			// moved to the target that took over) just after the store
-			// found the volume fenced and before this goroutine ran.
+			// Fenced wins a tie. done is closed only once the handle is
+			// closed, and a handle that was taken over finds it out as it
+			// closes: so a volume whose last session ended (its initiator
+			// moved to the target that took over) before the store looked
+			// is reported all the same.
 			select {
 			case <-f.Fenced():
 				t.storeFailed(vol, fmt.Errorf("%w (found by the store)", store.ErrFenced))
@@ -353,7 +357,6 @@ func (t *Target) releaseVolume(vol *volume) {
 	}
 	t.mu.Unlock()
 	if last {
-		close(vol.done)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if err := vol.v.Flush(ctx); err != nil {
 			t.log.Error("flushing volume at last logout", "volume", vol.name, "err", err)
@@ -362,6 +365,7 @@ func (t *Target) releaseVolume(vol *volume) {
 		if err := vol.v.Close(); err != nil {
 			t.log.Error("closing volume", "volume", vol.name, "err", err)
 		}
+		close(vol.done)
 	}
 }
 

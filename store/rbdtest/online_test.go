@@ -143,3 +143,59 @@ func TestRBDFencedWithoutIO(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRBDFencedFoundAtClose: a gateway whose volume another one took over
+// and that closes its handle before its periodic look at the lock (its last
+// session ended: the initiator moved to the gateway that took over) still
+// finds out it was fenced: Fenced is closed when Close returns, so the
+// target reports it (rtarget_volumes_fenced_total). Without the last look
+// at close, TestRBDFailoverStop (cmd/e2e) failed now and then with "the
+// continued gateway never saw the volume fenced".
+func TestRBDFencedFoundAtClose(t *testing.T) {
+	a, spec := freshStore(t)
+	b := openStore(t, spec)
+	ctx := context.Background()
+	if _, err := a.CreateVolume(ctx, "vol", 4<<20, store.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The take-over must come before the first gateway's periodic look
+	// (every second) for the close to be what finds it: tried until it does.
+	for try := 1; ; try++ {
+		va, err := a.OpenVolume(ctx, "vol")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fa := va.(store.Fencer)
+		vb, err := b.OpenVolume(ctx, "vol")
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-fa.Fenced():
+			// The periodic look came first: the close has nothing to find.
+			va.Close()
+			if err := vb.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if try == 5 {
+				t.Skip("the first gateway's periodic look came before its close 5 times in a row: the cluster is too slow to take over within a second")
+			}
+			continue
+		default:
+		}
+		err = va.Close()
+		select {
+		case <-fa.Fenced():
+			t.Logf("try %d: the handle taken over found it as it closed (close: %v)", try, err)
+		default:
+			t.Fatalf("try %d: the handle taken over closed (%v) without finding it was fenced", try, err)
+		}
+		if err := vb.WriteBlocks(ctx, 0, storetest.Pattern(0, 1, 3), true); err != nil {
+			t.Fatal(err)
+		}
+		if err := vb.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+}

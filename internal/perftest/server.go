@@ -330,26 +330,19 @@ func (s *server) answer(ctx context.Context) error {
 		reply := s.commBuf[slot*commBufLen : (slot+1)*commBufLen]
 		replyTO := bufVA - 1<<20 + slot*commBufLen
 		msg := s.commBuf[wc.ID*commBufLen : wc.ID*commBufLen+uint64(wc.Bytes)]
-		size := len(msg)
-		switch size {
-		case destLen:
-			d := dest(msg)
-			if d.RKey() != 0 || d.VAddr() != 0 {
-				s.mu.Lock()
-				s.peerDest = destFields{OutReads: d.OutReads(), RKey: d.RKey(), VAddr: d.VAddr()}
-				s.mu.Unlock()
-			}
-			ours := destFields{OutReads: uint32(s.dev.Query().MaxIRD), QPN: s.data.qp.ID(), PSN: 0x1000,
-				RKey: uint32(s.bufMR.STag()), VAddr: bufVA}
-			if s.o.Test == Send {
-				ours.RKey, ours.VAddr = uint32(s.creditMR.STag()), creditVA
-			}
-			dest(reply).encode(ours)
-		default:
-			if size > len(reply) {
-				return fmt.Errorf("perftest: comm message of %d bytes", size)
-			}
-			copy(reply, msg)
+		ours := destFields{OutReads: uint32(s.dev.Query().MaxIRD), QPN: s.data.qp.ID(), PSN: 0x1000,
+			RKey: uint32(s.bufMR.STag()), VAddr: bufVA}
+		if s.o.Test == Send {
+			ours.RKey, ours.VAddr = uint32(s.creditMR.STag()), creditVA
+		}
+		size, peer, err := commAnswer(msg, reply, ours)
+		if err != nil {
+			return err
+		}
+		if peer != nil {
+			s.mu.Lock()
+			s.peerDest = *peer
+			s.mu.Unlock()
 		}
 		if err := s.postComm(wc.ID); err != nil {
 			return err
@@ -363,6 +356,32 @@ func (s *server) answer(ctx context.Context) error {
 		s.st.CommMessages++
 		s.mu.Unlock()
 	}
+}
+
+// commAnswer writes into reply the answer to msg, a message the client sent
+// on the comm connection, and returns the answer's length. A message of
+// destLen bytes is the client's handshake (its struct pingpong_dest): the
+// answer is ours, and peer is the client's when it names a buffer (an
+// rkey or an address). Any other message (perftest's sync barriers) is
+// echoed, if it fits.
+func commAnswer(msg, reply []byte, ours destFields) (size int, peer *destFields, err error) {
+	switch len(msg) {
+	case destLen:
+		if len(reply) < destLen {
+			return 0, nil, fmt.Errorf("perftest: answer buffer of %d bytes, want %d", len(reply), destLen)
+		}
+		d := dest(msg)
+		if d.RKey() != 0 || d.VAddr() != 0 {
+			peer = &destFields{OutReads: d.OutReads(), RKey: d.RKey(), VAddr: d.VAddr()}
+		}
+		dest(reply).encode(ours)
+	default:
+		if len(msg) > len(reply) {
+			return 0, nil, fmt.Errorf("perftest: comm message of %d bytes, at most %d", len(msg), len(reply))
+		}
+		copy(reply, msg)
+	}
+	return len(msg), peer, nil
 }
 
 // receive runs ib_send_bw's server side: count the Sends, repost the

@@ -208,3 +208,32 @@ func resetOnFIN(t *testing.T, target string) string {
 	}()
 	return ln.Addr().String()
 }
+
+// FuzzDecodeAdvert feeds decodeAdvert what a peer may Send: it never
+// panics, refuses anything shorter than an advertisement, and reads the
+// fields encode writes.
+func FuzzDecodeAdvert(f *testing.F) {
+	b := make([]byte, advertLen)
+	Advert{Addr: 0x7f00_0000_1000, STag: 0x1234_5601, Size: 100}.encode(b)
+	f.Add(b)
+	f.Add([]byte{})
+	f.Add(make([]byte, advertLen-1))
+	f.Add(make([]byte, 64))
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		a, err := decodeAdvert(msg)
+		if len(msg) < advertLen {
+			if err == nil {
+				t.Fatalf("%d-byte advertisement accepted", len(msg))
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("%d bytes: %v", len(msg), err)
+		}
+		back := make([]byte, advertLen)
+		a.encode(back)
+		if !bytes.Equal(back, msg[:advertLen]) {
+			t.Fatalf("decoded %+v from %x, encodes to %x", a, msg[:advertLen], back)
+		}
+	})
+}

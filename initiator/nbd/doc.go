@@ -122,5 +122,8 @@
 // cause, so a request that still waits (initiator: a write waiting for a
 // lost session, to be replayed on the next) fails instead of running
 // later, when the client, told nothing, may have written the same blocks
-// again over another connection.
+// again over another connection. This holds also while the reader waits
+// for a request slot or payload budget and reads nothing: on Linux it
+// watches the socket meanwhile (POLLRDHUP), and once the client has shut
+// its side down it reads what remains and looks for NBD_CMD_DISC in it.
 package nbd

@@ -78,7 +78,9 @@
 // have gone out. Payload buffers are recycled in power-of-two size
 // classes.
 //
-// Commands: READ, WRITE (FUA), FLUSH, TRIM (FUA: trim then Flush),
+// Commands: READ, WRITE (FUA), FLUSH (which a LossCounter Backend also
+// fails, once, for a client whose writes may be among those whose loss
+// it reported to another connection's FLUSH), TRIM (FUA: trim then Flush),
 // WRITE_ZEROES (FUA; with NO_HOLE the range is kept allocated: an
 // AllocatedZeroer Backend's WriteZeroesAllocated, else zeroes written with
 // WriteAt), CACHE (accepted as a no-op, not advertised), BLOCK_STATUS

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -60,6 +61,11 @@ type transmission struct {
 	async   AsyncBackend // the export's backend, if it is one
 	plugger Plugger      // likewise
 	unplug  Unplugger    // set while the backend is plugged (reader only)
+	losses  LossCounter  // likewise
+	// dirtyLoss is 0 when no write was acknowledged to the client since
+	// its last FLUSH, else 1 + losses.WriteLosses() as of the first one
+	// (see flush).
+	dirtyLoss atomic.Uint64
 
 	replies replyWriter
 
@@ -80,6 +86,7 @@ func (c *conn) transmit(ctx context.Context, sel selected) error {
 	defer t.abandon(nil)
 	t.async, _ = sel.exp.Backend.(AsyncBackend)
 	t.plugger, _ = sel.exp.Backend.(Plugger)
+	t.losses, _ = sel.exp.Backend.(LossCounter)
 	t.replies.init(t)
 
 	readErr := t.reader()

@@ -8,6 +8,7 @@ require (
 	github.com/klauspost/cpuid/v2 v2.4.2
 	github.com/pojntfx/go-nbd v0.3.2
 	github.com/urfave/cli/v2 v2.27.7
+	golang.org/x/sys v0.41.0
 	gonum.org/v1/plot v0.17.0
 )
 
@@ -33,7 +34,6 @@ require (
 	go.opentelemetry.io/otel/metric v1.41.0 // indirect
 	go.opentelemetry.io/otel/trace v1.41.0 // indirect
 	golang.org/x/image v0.30.0 // indirect
-	golang.org/x/sys v0.41.0 // indirect
 	golang.org/x/text v0.28.0 // indirect
 	google.golang.org/protobuf v1.36.7 // indirect
 )

@@ -32,6 +32,8 @@ type Client struct {
 	// unflushed is the boot ID of the target that acknowledged the oldest
 	// write not yet covered by a flush (0: none).
 	unflushed atomic.Uint64
+	// losses counts the Flushes that returned ErrWritesLost (WriteLosses).
+	losses atomic.Uint64
 	// fence is the token WriteAt, Trim and WriteZeroes carry (0: none).
 	fence   atomic.Uint64
 	lockSeq atomic.Uint64

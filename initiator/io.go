@@ -118,10 +118,18 @@ func (c *Client) Flush(ctx context.Context) error {
 	}
 	c.unflushed.Store(0)
 	if first != 0 && first != boot {
+		c.losses.Add(1)
 		return ErrWritesLost
 	}
 	return nil
 }
+
+// WriteLosses counts the Flushes that returned ErrWritesLost. Each loss is
+// reported to one Flush only, the first after it; a caller that serves
+// several clients (the NBD server, one per connection) compares the count
+// with what it was when a client's writes were acknowledged, to tell that
+// client too.
+func (c *Client) WriteLosses() uint64 { return c.losses.Load() }
 
 // Trim discards the whole 4096-byte blocks inside the range (they read as
 // zeros afterwards; partial blocks at the ends keep their data).

@@ -112,6 +112,7 @@ var (
 	_ nbd.Plugger         = (*initiator.Client)(nil)
 	_ nbd.BlockStatuser   = (*initiator.Client)(nil)
 	_ nbd.AllocatedZeroer = (*initiator.Client)(nil)
+	_ nbd.LossCounter     = (*initiator.Client)(nil)
 )
 
 func export(c *cli.Context, cl *initiator.Client) nbd.Export {

@@ -89,7 +89,7 @@ func (t *transmission) execute(r *request) {
 			err = be.WriteAt(ctx, *r.buf, off, fua)
 		}
 	case CmdFlush:
-		err = be.Flush(ctx)
+		err = t.flush()
 	case CmdTrim:
 		err = be.Trim(ctx, off, n)
 		if errors.Is(err, errors.ErrUnsupported) {
@@ -114,6 +114,55 @@ func (t *transmission) execute(r *request) {
 		err = t.blockStatus(r)
 	}
 	t.finish(r, err)
+}
+
+// errLostElsewhere fails the FLUSH of a client whose writes may be among
+// those whose loss the Backend reported to another FLUSH.
+var errLostElsewhere = errors.New("nbd: writes acknowledged since this connection's last FLUSH may be lost: " +
+	"the backend reported a loss of acknowledged writes to another FLUSH since")
+
+// flush runs NBD_CMD_FLUSH. A LossCounter Backend reports a loss of
+// acknowledged writes to one Flush only, which may be another
+// connection's: this FLUSH then fails too (EIO) if a write was
+// acknowledged to this client before the loss was reported (dirtyLoss),
+// since that write may be among those lost. (One acknowledged after the
+// crash but before the report makes it fail needlessly: the two cannot be
+// told apart here.) It is reported once: the FLUSH takes the writes
+// acknowledged so far off dirtyLoss, and gives them back only when it
+// fails otherwise, so that a later FLUSH still covers them.
+func (t *transmission) flush() error {
+	be := t.sel.exp.Backend
+	if t.losses == nil {
+		return be.Flush(t.ctx)
+	}
+	dl := t.dirtyLoss.Swap(0)
+	err := be.Flush(t.ctx)
+	lost := dl != 0 && t.losses.WriteLosses() >= dl
+	switch {
+	case lost && err == nil:
+		return &Error{Errno: EIO, Err: errLostElsewhere}
+	case err != nil && !lost && dl != 0:
+		// Nothing was flushed for sure: keep the older mark.
+		for {
+			cur := t.dirtyLoss.Load()
+			if cur != 0 && cur <= dl || t.dirtyLoss.CompareAndSwap(cur, dl) {
+				break
+			}
+		}
+	}
+	return err
+}
+
+// noteWrite records a write acknowledged to the client (finish) for
+// flush: one with FUA is durable already.
+func (t *transmission) noteWrite(r *request) {
+	if t.losses == nil || r.flags&CmdFlagFUA != 0 || t.dirtyLoss.Load() != 0 {
+		return
+	}
+	switch r.typ {
+	case CmdWrite, CmdTrim, CmdWriteZeroes:
+		t.dirtyLoss.CompareAndSwap(0, 1+t.losses.WriteLosses())
+	}
 }
 
 // zeroPayload is the data writeZeroes writes: zeros, shared by every
@@ -183,10 +232,12 @@ func (t *transmission) blockStatus(r *request) error {
 }
 
 // finish records the outcome of r's backend call: the NBD error, and for
-// a failed READ no payload.
+// a failed READ no payload; a write that succeeded is noted for flush.
 func (t *transmission) finish(r *request, err error) {
 	ctx := t.ctx
-	if err != nil {
+	if err == nil {
+		t.noteWrite(r)
+	} else {
 		r.errno = Errno(err)
 		if r.typ == CmdRead {
 			t.c.pool.put(r.buf) // no payload goes out with an error

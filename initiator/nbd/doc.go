@@ -78,7 +78,9 @@
 // have gone out. Payload buffers are recycled in power-of-two size
 // classes.
 //
-// Commands: READ, WRITE (FUA), FLUSH, TRIM (FUA: trim then Flush),
+// Commands: READ, WRITE (FUA), FLUSH (which a LossCounter Backend also
+// fails, once, for a client whose writes may be among those whose loss
+// it reported to another connection's FLUSH), TRIM (FUA: trim then Flush),
 // WRITE_ZEROES (FUA; with NO_HOLE the range is kept allocated: an
 // AllocatedZeroer Backend's WriteZeroesAllocated, else zeroes written with
 // WriteAt), CACHE (accepted as a no-op, not advertised), BLOCK_STATUS
@@ -122,5 +124,8 @@
 // cause, so a request that still waits (initiator: a write waiting for a
 // lost session, to be replayed on the next) fails instead of running
 // later, when the client, told nothing, may have written the same blocks
-// again over another connection.
+// again over another connection. This holds also while the reader waits
+// for a request slot or payload budget and reads nothing: on Linux it
+// watches the socket meanwhile (POLLRDHUP), and once the client has shut
+// its side down it reads what remains and looks for NBD_CMD_DISC in it.
 package nbd

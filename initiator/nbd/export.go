@@ -88,6 +88,18 @@ type AllocatedZeroer interface {
 	WriteZeroesAllocated(ctx context.Context, off, length int64, fua bool) error
 }
 
+// LossCounter is an optional Backend interface, for a Backend whose Flush
+// reports only once that writes it had acknowledged were lost since they
+// were flushed last (a crash of the storage behind it, found out after
+// the fact): WriteLosses counts the Flushes that reported such a loss. An
+// NBD client whose writes were acknowledged before a loss was reported to
+// another connection's FLUSH then gets EIO for its own next FLUSH too:
+// its writes may be among those lost, and NBD_CMD_FLUSH may succeed only
+// when the writes acknowledged to it are durable.
+type LossCounter interface {
+	WriteLosses() uint64
+}
+
 // Plugger is an optional Backend interface: Plug holds back the requests
 // started from now on until Unplug is called on what it returns, so that
 // requests read from the client in one burst reach the backend's transport

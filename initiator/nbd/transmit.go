@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -48,7 +49,11 @@ type transmission struct {
 	ctx     context.Context
 	abandon context.CancelCauseFunc
 	// disc: the reader stopped at NBD_CMD_DISC.
-	disc   bool
+	disc bool
+	// discAhead: the client shut its side down after NBD_CMD_DISC, which
+	// the reader has yet to reach (reader only; see waitWatched).
+	discAhead bool
+
 	slots  chan struct{} // one per request in flight
 	budget *budget
 	wg     sync.WaitGroup // requests read and not yet replied to
@@ -56,6 +61,11 @@ type transmission struct {
 	async   AsyncBackend // the export's backend, if it is one
 	plugger Plugger      // likewise
 	unplug  Unplugger    // set while the backend is plugged (reader only)
+	losses  LossCounter  // likewise
+	// dirtyLoss is 0 when no write was acknowledged to the client since
+	// its last FLUSH, else 1 + losses.WriteLosses() as of the first one
+	// (see flush).
+	dirtyLoss atomic.Uint64
 
 	replies replyWriter
 
@@ -76,6 +86,7 @@ func (c *conn) transmit(ctx context.Context, sel selected) error {
 	defer t.abandon(nil)
 	t.async, _ = sel.exp.Backend.(AsyncBackend)
 	t.plugger, _ = sel.exp.Backend.(Plugger)
+	t.losses, _ = sel.exp.Backend.(LossCounter)
 	t.replies.init(t)
 
 	readErr := t.reader()
@@ -164,7 +175,7 @@ func (t *transmission) reader() error {
 			if r.length > max(exp.MaxBlock, interopPayload) {
 				return fmt.Errorf("%w: NBD_CMD_WRITE payload of %d bytes exceeds the maximum %d", ErrProtocol, r.length, exp.MaxBlock)
 			}
-			if err := t.takeSlot(); err != nil {
+			if err := t.takeSlot(int64(r.length)); err != nil {
 				return nil
 			}
 			if r.errno != 0 || r.length == 0 {
@@ -179,7 +190,7 @@ func (t *transmission) reader() error {
 				t.reply(r)
 				continue
 			}
-			if err := t.acquire(int64(r.length)); err != nil {
+			if err := t.acquire(int64(r.length), int64(r.length)); err != nil {
 				t.done(r)
 				return nil
 			}
@@ -194,7 +205,7 @@ func (t *transmission) reader() error {
 			continue
 		}
 
-		if err := t.takeSlot(); err != nil {
+		if err := t.takeSlot(0); err != nil {
 			return nil
 		}
 		if r.errno != 0 || r.length == 0 && r.typ != CmdFlush {
@@ -202,7 +213,7 @@ func (t *transmission) reader() error {
 			continue
 		}
 		if r.typ == CmdRead {
-			if err := t.acquire(int64(r.length)); err != nil {
+			if err := t.acquire(int64(r.length), 0); err != nil {
 				t.done(r)
 				return nil
 			}
@@ -228,8 +239,9 @@ func (t *transmission) readError(err error, what string) error {
 	return fmt.Errorf("nbd: read %s: %w", what, err)
 }
 
-// takeSlot waits for room for one more request in flight.
-func (t *transmission) takeSlot() error {
+// takeSlot waits for room for one more request in flight. skip is the
+// payload of the current request still to be read (see waitWatched).
+func (t *transmission) takeSlot(skip int64) error {
 	select {
 	case t.slots <- struct{}{}:
 		return nil
@@ -237,22 +249,26 @@ func (t *transmission) takeSlot() error {
 	}
 	t.endPlug() // what waits behind the plug may be what frees a slot
 	t.c.log.Debug("nbd: waiting for a request slot", "max_in_flight", cap(t.slots))
-	select {
-	case t.slots <- struct{}{}:
-		return nil
-	case <-t.ctx.Done():
-		return t.ctx.Err()
-	}
+	return t.waitWatched(skip, func(ctx context.Context) error {
+		select {
+		case t.slots <- struct{}{}:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
 }
 
-// acquire takes n bytes of the payload budget, waiting if need be.
-func (t *transmission) acquire(n int64) error {
+// acquire takes n bytes of the payload budget, waiting if need be. skip
+// is the payload of the current request still to be read (see
+// waitWatched).
+func (t *transmission) acquire(n, skip int64) error {
 	if t.budget.tryAcquire(n) {
 		return nil
 	}
 	t.endPlug()
 	t.c.log.Debug("nbd: waiting for payload budget", "bytes", n)
-	return t.budget.acquire(t.ctx, n)
+	return t.waitWatched(skip, func(ctx context.Context) error { return t.budget.acquire(ctx, n) })
 }
 
 // mayWait ends the plug if reading n more bytes from the client may wait.

@@ -32,9 +32,13 @@ type controller struct {
 	local   string   // where the host reached us, "host:port"
 
 	// NVM controllers only.
-	fe       *target.FrontendSession
-	volume   store.VolumeInfo
-	blocks   uint64
+	fe     *target.FrontendSession
+	volume store.VolumeInfo
+	// blocks is the namespace's size in blocks as last read from the store
+	// handle: a volume may grow while open (never shrink), so a range
+	// past it is checked again against the handle's size (checkRange), and
+	// Identify Namespace reads it afresh.
+	blocks   atomic.Uint64
 	inMemory bool
 	nguid    [16]byte
 	serial   string
@@ -94,7 +98,9 @@ func (s *Server) newNVMController(fe *target.FrontendSession, subNQN, hostNQN st
 	c := s.newController(subNQN, hostNQN, hostID, q)
 	c.fe = fe
 	c.volume = fe.Info()
-	c.blocks = c.volume.Blocks()
+	// The handle's size, not the Info of when the volume was opened: it
+	// may have grown since, while another session kept it open.
+	c.blocks.Store(fe.Volume().Info().Blocks())
 	c.inMemory = fe.Volume().InMemory()
 	// Namespace IDs are globally unique and stable: a hash of the NQN, the
 	// volume's store ID and its creation time (a volume deleted and created
@@ -113,6 +119,14 @@ func (s *Server) newController(subNQN, hostNQN string, hostID [16]byte, q *queue
 		queues: map[uint16]*queue{}, tempThresh: 343} // 70 °C in kelvins
 	c.touch()
 	return c
+}
+
+// namespaceBlocks reads the volume's size from its store handle (which
+// follows a grow made while it is open) into c.blocks and returns it.
+func (c *controller) namespaceBlocks() uint64 {
+	n := c.fe.Volume().Info().Blocks()
+	c.blocks.Store(n)
+	return n
 }
 
 // touch records activity from the host (any command on any queue counts

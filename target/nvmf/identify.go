@@ -242,11 +242,11 @@ const (
 )
 
 // identifyNamespace fills Identify Namespace for namespace 1: the volume,
-// in 4 KiB blocks; deallocated blocks read as zeros (DLFEAT 001b) and Write
-// Zeroes may deallocate (bit 3); reservations of type Write Exclusive
-// (RESCAP bit 1).
+// in 4 KiB blocks, at its size now (a host rescans after a grow);
+// deallocated blocks read as zeros (DLFEAT 001b) and Write Zeroes may
+// deallocate (bit 3); reservations of type Write Exclusive (RESCAP bit 1).
 func (c *controller) identifyNamespace(b []byte) {
-	IdentifyNamespace(b).Encode(&IdentifyNamespaceFields{Blocks: c.blocks, LBADS: 12, RESCAP: 1 << 1, DLFEAT: 0x09,
+	IdentifyNamespace(b).Encode(&IdentifyNamespaceFields{Blocks: c.namespaceBlocks(), LBADS: 12, RESCAP: 1 << 1, DLFEAT: 0x09,
 		NGUID: c.nguid})
 }
 

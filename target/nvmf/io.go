@@ -69,10 +69,17 @@ func (c *controller) io(q *queue, sl *slot, cmd Command) {
 	}
 }
 
-// checkRange checks that nlb blocks at slba lie in the namespace.
+// checkRange checks that nlb blocks at slba lie in the namespace. A
+// range past the size last seen is checked again against the store
+// handle's: the volume may have grown meanwhile (reading the handle's size
+// copies its Info, too dear for every command).
 func (c *controller) checkRange(slba, nlb uint64) error {
-	if nlb > c.blocks || slba > c.blocks-nlb {
-		return fail(StatusLBARange, "%d blocks at LBA %d, the namespace has %d", nlb, slba, c.blocks)
+	inside := func(n uint64) bool { return nlb <= n && slba <= n-nlb }
+	if n := c.blocks.Load(); inside(n) {
+		return nil
+	}
+	if n := c.namespaceBlocks(); !inside(n) {
+		return fail(StatusLBARange, "%d blocks at LBA %d, the namespace has %d", nlb, slba, n)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package nvmf
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -127,5 +128,41 @@ func TestStoreErrorStatus(t *testing.T) {
 		if err := c.storeError(nil, "write", tc.err); !errors.As(err, &se) || se.Status != tc.want {
 			t.Errorf("storeError(%v) = %v, want status %#x", tc.err, err, uint16(tc.want))
 		}
+	}
+}
+
+// TestVolumeGrownWhileServed: a volume grown while hosts are connected
+// (rtarget volume resize: the store lets open handles see the new size
+// at once) is that size for NVMe too. Identify Namespace reports it to a
+// host that rescans, I/O reaches the new blocks, and a host connecting
+// later, while the volume is still open, gets it from the start.
+func TestVolumeGrownWhileServed(t *testing.T) {
+	e := newTestEnv(t, envOpts{})
+	h := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})
+	const oldBlocks, newBlocks = 64 << 20 / store.BlockSize, 128 << 20 / store.BlockSize
+	if err := e.st.GrowVolume(context.Background(), "vol0", newBlocks*store.BlockSize); err != nil {
+		t.Fatal(err)
+	}
+	for i, host := range []*testHost{h, connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})} {
+		b, st, err := host.identify(CNSNamespace, 1)
+		if err != nil || st != StatusSuccess {
+			t.Fatalf("host %d: Identify Namespace: %v %v", i, st, err)
+		}
+		if ns := IdentifyNamespace(b); ns.NSZE() != newBlocks || ns.NCAP() != newBlocks {
+			t.Errorf("host %d: NSZE %d NCAP %d after the volume grew to %d blocks", i, ns.NSZE(), ns.NCAP(), newBlocks)
+		}
+		data := make([]byte, 2*store.BlockSize)
+		rand.Read(data)
+		lba := uint64(oldBlocks + 16*i)
+		if st, err := host.write(0, lba, data, true); err != nil || st != StatusSuccess {
+			t.Fatalf("host %d: write at LBA %d of the grown volume: %v %v", i, lba, st, err)
+		}
+		if got, st, err := host.read(0, lba, 2); err != nil || st != StatusSuccess || !bytes.Equal(got, data) {
+			t.Fatalf("host %d: read back at LBA %d: %v %v", i, lba, st, err)
+		}
+	}
+	// The end is still the end.
+	if st, _ := h.write(0, newBlocks-1, make([]byte, 2*store.BlockSize), true); st != StatusLBARange|StatusDNR {
+		t.Fatalf("write across the new end: %v", st)
 	}
 }

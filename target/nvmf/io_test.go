@@ -166,3 +166,44 @@ func TestVolumeGrownWhileServed(t *testing.T) {
 		t.Fatalf("write across the new end: %v", st)
 	}
 }
+
+// TestMDTSIsTheLimit: for every MaxTransfer New accepts, Identify
+// Controller's MDTS tells the host a limit the controller keeps: a host
+// that sends the largest transfer MDTS allows (its own limit, 256 KiB
+// here, when MDTS is 0: no limit) gets it done. MDTS counts in powers of
+// two of 4 KiB pages and 0 means no limit, so 4 KiB itself cannot be
+// said.
+func TestMDTSIsTheLimit(t *testing.T) {
+	probe := newTestEnv(t, envOpts{})
+	const hostLimit = 256 << 10
+	for _, mt := range []int{store.BlockSize, 2 * store.BlockSize, 64 << 10} {
+		t.Run(fmt.Sprint(mt), func(t *testing.T) {
+			cfg := probe.cfg
+			if _, err := New(cfg.with(func(c *Config) { c.MaxTransfer = mt })); err != nil {
+				t.Logf("MaxTransfer %d refused: %v", mt, err)
+				return
+			}
+			e := newTestEnv(t, envOpts{cfg: func(c *Config) { c.MaxTransfer = mt }})
+			h := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})
+			b, st, err := h.identify(CNSController, 0)
+			if err != nil || st != StatusSuccess {
+				t.Fatalf("Identify Controller: %v %v", st, err)
+			}
+			limit := hostLimit
+			if m := IdentifyController(b).MDTS(); m != 0 {
+				limit = min(limit, store.BlockSize<<m)
+			}
+			data := make([]byte, limit)
+			rand.Read(data)
+			if st, err := h.write(0, 0, data, true); err != nil || st != StatusSuccess {
+				t.Fatalf("MaxTransfer %d, MDTS %d: write of %d bytes: %v %v", mt, IdentifyController(b).MDTS(), limit, st, err)
+			}
+			if got, st, err := h.read(0, 0, limit/store.BlockSize); err != nil || st != StatusSuccess || !bytes.Equal(got, data) {
+				t.Fatalf("MaxTransfer %d: read of %d bytes: %v %v", mt, limit, st, err)
+			}
+		})
+	}
+}
+
+// with returns a copy of c changed by fn.
+func (c Config) with(fn func(*Config)) Config { fn(&c); return c }

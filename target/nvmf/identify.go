@@ -122,6 +122,7 @@ func (d IdentifyNamespace) NLBAF() uint8         { return d[25] }
 func (d IdentifyNamespace) FLBAS() uint8         { return d[26] }
 func (d IdentifyNamespace) RESCAP() uint8        { return d[31] }
 func (d IdentifyNamespace) DLFEAT() uint8        { return d[33] }
+func (d IdentifyNamespace) NSATTR() uint8        { return d[99] }
 func (d IdentifyNamespace) NGUID() [16]byte      { return [16]byte(d[104:120]) }
 func (d IdentifyNamespace) LBADS() uint8         { return d[130] } // LBA format 0: log2 of the block size
 func (d IdentifyNamespace) LBAFMetadata() uint16 { return binary.LittleEndian.Uint16(d[128:]) }
@@ -132,6 +133,9 @@ type IdentifyNamespaceFields struct {
 	LBADS  uint8
 	RESCAP uint8
 	DLFEAT uint8
+	// NSATTR bit 0: the namespace is write protected (Linux then makes
+	// its block device read-only).
+	NSATTR uint8
 	NGUID  [16]byte
 }
 
@@ -144,6 +148,7 @@ func (d IdentifyNamespace) Encode(f *IdentifyNamespaceFields) {
 	// NLBAF 0 (one format), FLBAS 0 (format 0), no metadata.
 	d[31] = f.RESCAP
 	d[33] = f.DLFEAT
+	d[99] = f.NSATTR
 	copy(d[104:120], f.NGUID[:])
 	d[130] = f.LBADS
 }
@@ -244,11 +249,20 @@ const (
 // identifyNamespace fills Identify Namespace for namespace 1: the volume,
 // in 4 KiB blocks, at its size now (a host rescans after a grow);
 // deallocated blocks read as zeros (DLFEAT 001b) and Write Zeroes may
-// deallocate (bit 3); reservations of type Write Exclusive (RESCAP bit 1).
+// deallocate (bit 3); reservations of type Write Exclusive (RESCAP bit 1);
+// write protected (NSATTR bit 0) if the volume refuses writes (a
+// snapshot), which the host would otherwise learn one failed write at a
+// time.
 func (c *controller) identifyNamespace(b []byte) {
-	IdentifyNamespace(b).Encode(&IdentifyNamespaceFields{Blocks: c.namespaceBlocks(), LBADS: 12, RESCAP: 1 << 1, DLFEAT: 0x09,
-		NGUID: c.nguid})
+	f := IdentifyNamespaceFields{Blocks: c.namespaceBlocks(), LBADS: 12, RESCAP: 1 << 1, DLFEAT: 0x09, NGUID: c.nguid}
+	if c.fe.ReadOnly() {
+		f.NSATTR = nsattrWriteProtected
+	}
+	IdentifyNamespace(b).Encode(&f)
 }
+
+// nsattrWriteProtected is NSATTR bit 0.
+const nsattrWriteProtected = 1 << 0
 
 // reply answers a command that returns n bytes of data (Identify, Get Log
 // Page, Get Features with data): its data pointer must be a keyed SGL of

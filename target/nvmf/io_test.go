@@ -207,3 +207,34 @@ func TestMDTSIsTheLimit(t *testing.T) {
 
 // with returns a copy of c changed by fn.
 func (c Config) with(fn func(*Config)) Config { fn(&c); return c }
+
+// TestReadOnlyNamespaceSaysSo: a volume that refuses writes (a snapshot,
+// served as VOL@SNAP) is reported write protected in Identify Namespace
+// (NSATTR bit 0), so the host makes its block device read-only instead of
+// failing every write it sends; the writes are still refused.
+func TestReadOnlyNamespaceSaysSo(t *testing.T) {
+	e := newTestEnv(t, envOpts{})
+	if _, err := e.st.CreateSnapshot(context.Background(), "vol0", "monday"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		vol      string
+		readOnly bool
+	}{{"vol0", false}, {"vol0@monday", true}} {
+		h := connectHost(t, e.addr, e.srv.NQN(c.vol), hostOpts{})
+		b, st, err := h.identify(CNSNamespace, 1)
+		if err != nil || st != StatusSuccess {
+			t.Fatalf("%s: Identify Namespace: %v %v", c.vol, st, err)
+		}
+		if wp := IdentifyNamespace(b).NSATTR()&1 != 0; wp != c.readOnly {
+			t.Errorf("%s: NSATTR write protected %v, want %v", c.vol, wp, c.readOnly)
+		}
+		want := StatusSuccess
+		if c.readOnly {
+			want = StatusNSWriteProtected | StatusDNR
+		}
+		if st, err := h.write(0, 0, make([]byte, store.BlockSize), false); err != nil || st != want {
+			t.Errorf("%s: write: %v %v, want %v", c.vol, st, err, want)
+		}
+	}
+}

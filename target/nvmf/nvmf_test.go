@@ -148,3 +148,36 @@ func TestConcurrentIO(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestSharedNamespaceSaysSo: a volume's subsystem takes a controller for
+// every admin queue that connects (two paths of one host, or several
+// hosts sharing the volume), so Identify Controller says the subsystem
+// may have several controllers (CMIC bit 1) and Identify Namespace that
+// namespace 1 may be attached to several at once (NMIC bit 0). Linux
+// refuses a second controller to a subsystem whose CMIC bit 1 is clear
+// ("Subsystem does not support multiple controllers"), and a namespace
+// seen through two controllers that is not shared ("Duplicate unshared
+// namespace"): with them clear, multipath to one volume cannot work.
+func TestSharedNamespaceSaysSo(t *testing.T) {
+	e := newTestEnv(t, envOpts{})
+	a := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})
+	b := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})
+	for i, h := range []*testHost{a, b} {
+		id, st, err := h.identify(CNSController, 0)
+		if err != nil || st != StatusSuccess {
+			t.Fatalf("controller %d: Identify Controller: %v %v", i, st, err)
+		}
+		if IdentifyController(id).CMIC()&(1<<1) == 0 {
+			t.Errorf("controller %d of a subsystem with 2: CMIC 0x%x, multiple controllers (bit 1) clear", i,
+				IdentifyController(id).CMIC())
+		}
+		ns, st, err := h.identify(CNSNamespace, 1)
+		if err != nil || st != StatusSuccess {
+			t.Fatalf("controller %d: Identify Namespace: %v %v", i, st, err)
+		}
+		if IdentifyNamespace(ns).NMIC()&1 == 0 {
+			t.Errorf("controller %d: namespace 1, attached to 2 controllers: NMIC 0x%x, shared (bit 0) clear", i,
+				IdentifyNamespace(ns).NMIC())
+		}
+	}
+}

@@ -57,8 +57,9 @@ type controller struct {
 	queues     map[uint16]*queue
 	ioQueues   int // I/O queues granted (Set Features Number of Queues); 0: not asked
 	aec        uint32
-	aers       int // Asynchronous Event Requests held
-	tempThresh uint16
+	aers       int    // Asynchronous Event Requests held
+	tempOver   uint16 // composite temperature's over-temperature threshold (kelvins)
+	tempUnder  uint16 // ... and its under-temperature threshold (0: none)
 	kato       time.Duration
 	kaTimer    *time.Timer
 	kaSeen     uint64 // activity when the timer period began
@@ -116,7 +117,7 @@ func (s *Server) newNVMController(fe *target.FrontendSession, subNQN, hostNQN st
 
 func (s *Server) newController(subNQN, hostNQN string, hostID [16]byte, q *queue) *controller {
 	c := &controller{s: s, subNQN: subNQN, hostNQN: hostNQN, hostID: hostID, remote: q.remote, local: q.local,
-		queues: map[uint16]*queue{}, tempThresh: 343} // 70 °C in kelvins
+		queues: map[uint16]*queue{}, tempOver: 343} // 70 °C in kelvins
 	c.touch()
 	return c
 }

@@ -32,9 +32,13 @@ type controller struct {
 	local   string   // where the host reached us, "host:port"
 
 	// NVM controllers only.
-	fe       *target.FrontendSession
-	volume   store.VolumeInfo
-	blocks   uint64
+	fe     *target.FrontendSession
+	volume store.VolumeInfo
+	// blocks is the namespace's size in blocks as last read from the store
+	// handle: a volume may grow while open (never shrink), so a range
+	// past it is checked again against the handle's size (checkRange), and
+	// Identify Namespace reads it afresh.
+	blocks   atomic.Uint64
 	inMemory bool
 	nguid    [16]byte
 	serial   string
@@ -53,8 +57,9 @@ type controller struct {
 	queues     map[uint16]*queue
 	ioQueues   int // I/O queues granted (Set Features Number of Queues); 0: not asked
 	aec        uint32
-	aers       int // Asynchronous Event Requests held
-	tempThresh uint16
+	aers       int    // Asynchronous Event Requests held
+	tempOver   uint16 // composite temperature's over-temperature threshold (kelvins)
+	tempUnder  uint16 // ... and its under-temperature threshold (0: none)
 	kato       time.Duration
 	kaTimer    *time.Timer
 	kaSeen     uint64 // activity when the timer period began
@@ -94,7 +99,9 @@ func (s *Server) newNVMController(fe *target.FrontendSession, subNQN, hostNQN st
 	c := s.newController(subNQN, hostNQN, hostID, q)
 	c.fe = fe
 	c.volume = fe.Info()
-	c.blocks = c.volume.Blocks()
+	// The handle's size, not the Info of when the volume was opened: it
+	// may have grown since, while another session kept it open.
+	c.blocks.Store(fe.Volume().Info().Blocks())
 	c.inMemory = fe.Volume().InMemory()
 	// Namespace IDs are globally unique and stable: a hash of the NQN, the
 	// volume's store ID and its creation time (a volume deleted and created
@@ -110,9 +117,17 @@ func (s *Server) newNVMController(fe *target.FrontendSession, subNQN, hostNQN st
 
 func (s *Server) newController(subNQN, hostNQN string, hostID [16]byte, q *queue) *controller {
 	c := &controller{s: s, subNQN: subNQN, hostNQN: hostNQN, hostID: hostID, remote: q.remote, local: q.local,
-		queues: map[uint16]*queue{}, tempThresh: 343} // 70 °C in kelvins
+		queues: map[uint16]*queue{}, tempOver: 343} // 70 °C in kelvins
 	c.touch()
 	return c
+}
+
+// namespaceBlocks reads the volume's size from its store handle (which
+// follows a grow made while it is open) into c.blocks and returns it.
+func (c *controller) namespaceBlocks() uint64 {
+	n := c.fe.Volume().Info().Blocks()
+	c.blocks.Store(n)
+	return n
 }
 
 // touch records activity from the host (any command on any queue counts

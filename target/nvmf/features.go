@@ -61,8 +61,10 @@ func (c *controller) setFeatures(q *queue, sl *slot, cmd Command) {
 	case fid == FeatKATO:
 		c.setKeepAliveLocked(time.Duration(v) * time.Millisecond)
 	case fid == FeatTempThreshold && !c.disc:
-		if v>>16&0x3f == 0 { // composite temperature, over-temperature threshold
-			c.tempThresh = uint16(v)
+		if th := c.tempThresholdLocked(v, true); th != nil {
+			*th = uint16(v)
+		} else {
+			err = fail(StatusInvalidField, "Temperature Threshold 0x%08x: a sensor or threshold type this controller does not have", v)
 		}
 	case fid == FeatVolatileWC && !c.disc:
 		if v&1 == 0 {
@@ -73,6 +75,25 @@ func (c *controller) setFeatures(q *queue, sl *slot, cmd Command) {
 	}
 	c.mu.Unlock()
 	q.complete(sl, result, err)
+}
+
+// tempThresholdLocked returns the threshold a Temperature Threshold
+// command's CDW11 selects: the composite temperature's (TMPSEL 0, or 1111b,
+// all sensors, on Set) over- (THSEL 00b) or under-temperature (01b)
+// threshold; nil for another sensor (the SMART log reports none) or a
+// reserved THSEL. c.mu held.
+func (c *controller) tempThresholdLocked(cdw11 uint32, set bool) *uint16 {
+	tmpsel, thsel := cdw11>>16&0xf, cdw11>>20&3
+	if tmpsel != 0 && !(set && tmpsel == 0xf) {
+		return nil
+	}
+	switch thsel {
+	case 0:
+		return &c.tempOver
+	case 1:
+		return &c.tempUnder
+	}
+	return nil
 }
 
 func (c *controller) getFeatures(q *queue, sl *slot, cmd Command) {
@@ -105,7 +126,12 @@ func (c *controller) getFeatures(q *queue, sl *slot, cmd Command) {
 	case fid == FeatKATO:
 		result = uint64(c.kato / time.Millisecond)
 	case fid == FeatTempThreshold && !c.disc:
-		result = uint64(c.tempThresh)
+		if th := c.tempThresholdLocked(cmd.CDW(11), false); th != nil {
+			result = uint64(*th)
+		} else {
+			err = fail(StatusInvalidField, "Temperature Threshold 0x%08x: a sensor or threshold type this controller does not have",
+				cmd.CDW(11))
+		}
 	case fid == FeatVolatileWC && !c.disc:
 		result, changeable = 1, false
 	case (fid == FeatArbitration || fid == FeatPowerMgmt || fid == FeatErrorRecovery || fid == FeatWriteAtomic ||

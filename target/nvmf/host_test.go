@@ -49,6 +49,9 @@ type envOpts struct {
 	thin    bool
 	volumes map[string]int64 // name -> size (default vol0: 64 MiB)
 	cfg     func(*Config)
+	// wrap, if set, wraps the store the target and the server use (after
+	// the volumes are created in it).
+	wrap func(store.Store) store.Store
 }
 
 func newTestEnv(t testing.TB, o envOpts) *testEnv {
@@ -69,6 +72,9 @@ func newTestEnv(t testing.TB, o envOpts) *testEnv {
 		if _, err := st.CreateVolume(context.Background(), name, size, store.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if o.wrap != nil {
+		st = o.wrap(st)
 	}
 	e := &testEnv{t: t, st: st, secret: []byte("test secret")}
 	var err error

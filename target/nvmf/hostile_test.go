@@ -430,3 +430,48 @@ func TestNumQueuesFixedOnceIOQueuesExist(t *testing.T) {
 		t.Fatalf("Get Features Number of Queues: %v %#x %v, want success and 0 (one of each, 0-based)", r.status(), r.result(), err)
 	}
 }
+
+// TestFusedCommandsRefused: this controller offers no fused operation
+// (Identify Controller FUSES is 0), so a command whose FUSE field is not
+// 00b is refused with Invalid Field in Command and does nothing. A Compare
+// and Write pair (Compare with FUSE 01b, Write with FUSE 10b) must not
+// leave the Write done on its own: the host meant it to happen only if the
+// Compare matched.
+func TestFusedCommandsRefused(t *testing.T) {
+	e := newTestEnv(t, envOpts{})
+	h := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})
+	golden := make([]byte, store.BlockSize)
+	rand.Read(golden)
+	if st, err := h.write(0, 7, golden, true); err != nil || st != StatusSuccess {
+		t.Fatalf("honest write: %v %v", st, err)
+	}
+	const ioCompare = 0x05
+	cmp := rw(ioCompare, 7, 1)
+	cmp.Flags = 1 // FUSE 01b: first command of a fused operation
+	wr := rw(IOWrite, 7, 1)
+	wr.Flags = 2 // FUSE 10b: second command
+	other := make([]byte, store.BlockSize)
+	rand.Read(other)
+	out := h.io[0].doAll([]CommandFields{cmp, wr}, []cmdOpts{{dir: dirFromHost, data: other}, {dir: dirFromHost, data: other}})
+	for i, o := range out {
+		if o.err != nil {
+			t.Fatalf("fused command %d: %v", i, o.err)
+		}
+		if st := o.r.status(); st != StatusInvalidField|StatusDNR {
+			t.Errorf("fused command %d (opcode 0x%02x): status %v, want %v", i, []uint8{ioCompare, IOWrite}[i], st,
+				StatusInvalidField|StatusDNR)
+		}
+	}
+	got, st, err := h.read(0, 7, 1)
+	if err != nil || st != StatusSuccess {
+		t.Fatalf("read back: %v %v", st, err)
+	}
+	if !bytes.Equal(got, golden) {
+		t.Fatal("the Write of a refused Compare and Write pair changed the block")
+	}
+	// On the admin queue too.
+	f := CommandFields{Opcode: AdminKeepAlive, Flags: 1}
+	if r, _, err := h.admin.do(f, cmdOpts{}); err != nil || r.status() != StatusInvalidField|StatusDNR {
+		t.Fatalf("Keep Alive with FUSE 01b: %v %v, want %v", r.status(), err, StatusInvalidField|StatusDNR)
+	}
+}

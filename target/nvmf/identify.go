@@ -59,6 +59,7 @@ func (d IdentifyController) MSDBD() uint8     { return d[1803] }
 // (the others are zero).
 type IdentifyControllerFields struct {
 	SN, MN, FR string // ASCII, space-padded to 20, 40 and 8 bytes
+	CMIC       uint8  // bit 1: the subsystem may have several controllers
 	MDTS       uint8  // largest transfer: 2^MDTS pages of 4 KiB (CAP.MPSMIN)
 	CntlID     uint16 // must equal Connect's result
 	Ver        uint32
@@ -84,6 +85,7 @@ func (d IdentifyController) Encode(f *IdentifyControllerFields) {
 	padded(d[4:24], f.SN)
 	padded(d[24:64], f.MN)
 	padded(d[64:72], f.FR)
+	d[76] = f.CMIC
 	d[77] = f.MDTS
 	binary.LittleEndian.PutUint16(d[78:], f.CntlID)
 	binary.LittleEndian.PutUint32(d[80:], f.Ver)
@@ -120,8 +122,10 @@ func (d IdentifyNamespace) NCAP() uint64         { return binary.LittleEndian.Ui
 func (d IdentifyNamespace) NUSE() uint64         { return binary.LittleEndian.Uint64(d[16:]) }
 func (d IdentifyNamespace) NLBAF() uint8         { return d[25] }
 func (d IdentifyNamespace) FLBAS() uint8         { return d[26] }
+func (d IdentifyNamespace) NMIC() uint8          { return d[30] }
 func (d IdentifyNamespace) RESCAP() uint8        { return d[31] }
 func (d IdentifyNamespace) DLFEAT() uint8        { return d[33] }
+func (d IdentifyNamespace) NSATTR() uint8        { return d[99] }
 func (d IdentifyNamespace) NGUID() [16]byte      { return [16]byte(d[104:120]) }
 func (d IdentifyNamespace) LBADS() uint8         { return d[130] } // LBA format 0: log2 of the block size
 func (d IdentifyNamespace) LBAFMetadata() uint16 { return binary.LittleEndian.Uint16(d[128:]) }
@@ -130,8 +134,12 @@ func (d IdentifyNamespace) LBAFMetadata() uint16 { return binary.LittleEndian.Ui
 type IdentifyNamespaceFields struct {
 	Blocks uint64 // NSZE = NCAP = NUSE
 	LBADS  uint8
+	NMIC   uint8 // bit 0: the namespace may be attached to several controllers
 	RESCAP uint8
 	DLFEAT uint8
+	// NSATTR bit 0: the namespace is write protected (Linux then makes
+	// its block device read-only).
+	NSATTR uint8
 	NGUID  [16]byte
 }
 
@@ -142,8 +150,10 @@ func (d IdentifyNamespace) Encode(f *IdentifyNamespaceFields) {
 	binary.LittleEndian.PutUint64(d[8:], f.Blocks)
 	binary.LittleEndian.PutUint64(d[16:], f.Blocks)
 	// NLBAF 0 (one format), FLBAS 0 (format 0), no metadata.
+	d[30] = f.NMIC
 	d[31] = f.RESCAP
 	d[33] = f.DLFEAT
+	d[99] = f.NSATTR
 	copy(d[104:120], f.NGUID[:])
 	d[130] = f.LBADS
 }
@@ -222,6 +232,11 @@ func (c *controller) identifyController(b []byte) {
 		f.CntrlType, f.SN, f.MaxCmd, f.IOCCSZ = CntrlTypeDiscovery, "discovery", AdminQueueSize, CommandLen/16
 	} else {
 		f.CntrlType, f.SN, f.MaxCmd, f.NN = CntrlTypeIO, c.serial, MaxQueueSize, 1
+		// Every admin queue's Connect makes a controller of the subsystem:
+		// several hosts, or several paths of one (Linux refuses a second
+		// controller of a subsystem that says it has one). ANA (bit 3)
+		// is not offered.
+		f.CMIC = cmicMultiCtrl
 		// DSM, Write Zeroes, reservations; a volatile write cache (Flush
 		// and FUA reach the store's sync); in-capsule data (SGLS bit 20).
 		f.ONCS, f.VWC = oncsDSM|oncsWriteZeroes|oncsReservations, 1
@@ -242,13 +257,29 @@ const (
 )
 
 // identifyNamespace fills Identify Namespace for namespace 1: the volume,
-// in 4 KiB blocks; deallocated blocks read as zeros (DLFEAT 001b) and Write
-// Zeroes may deallocate (bit 3); reservations of type Write Exclusive
-// (RESCAP bit 1).
+// in 4 KiB blocks, at its size now (a host rescans after a grow); shared
+// (NMIC bit 0: every controller of the subsystem has it attached);
+// deallocated blocks read as zeros (DLFEAT 001b) and Write Zeroes may
+// deallocate (bit 3); reservations of type Write Exclusive (RESCAP bit 1);
+// write protected (NSATTR bit 0) if the volume refuses writes (a
+// snapshot), which the host would otherwise learn one failed write at a
+// time.
 func (c *controller) identifyNamespace(b []byte) {
-	IdentifyNamespace(b).Encode(&IdentifyNamespaceFields{Blocks: c.blocks, LBADS: 12, RESCAP: 1 << 1, DLFEAT: 0x09,
-		NGUID: c.nguid})
+	f := IdentifyNamespaceFields{Blocks: c.namespaceBlocks(), LBADS: 12, NMIC: nmicShared, RESCAP: 1 << 1, DLFEAT: 0x09,
+		NGUID: c.nguid}
+	if c.fe.ReadOnly() {
+		f.NSATTR = nsattrWriteProtected
+	}
+	IdentifyNamespace(b).Encode(&f)
 }
+
+// Identify bits: NSATTR bit 0 (write protected), NMIC bit 0 (shared
+// namespace), CMIC bit 1 (several controllers).
+const (
+	nsattrWriteProtected = 1 << 0
+	nmicShared           = 1 << 0
+	cmicMultiCtrl        = 1 << 1
+)
 
 // reply answers a command that returns n bytes of data (Identify, Get Log
 // Page, Get Features with data): its data pointer must be a keyed SGL of

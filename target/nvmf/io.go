@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 
 	"github.com/rnic-dev/rnic/store"
 	"github.com/rnic-dev/rnic/target"
@@ -69,10 +70,17 @@ func (c *controller) io(q *queue, sl *slot, cmd Command) {
 	}
 }
 
-// checkRange checks that nlb blocks at slba lie in the namespace.
+// checkRange checks that nlb blocks at slba lie in the namespace. A
+// range past the size last seen is checked again against the store
+// handle's: the volume may have grown meanwhile (reading the handle's size
+// copies its Info, too dear for every command).
 func (c *controller) checkRange(slba, nlb uint64) error {
-	if nlb > c.blocks || slba > c.blocks-nlb {
-		return fail(StatusLBARange, "%d blocks at LBA %d, the namespace has %d", nlb, slba, c.blocks)
+	inside := func(n uint64) bool { return nlb <= n && slba <= n-nlb }
+	if n := c.blocks.Load(); inside(n) {
+		return nil
+	}
+	if n := c.namespaceBlocks(); !inside(n) {
+		return fail(StatusLBARange, "%d blocks at LBA %d, the namespace has %d", nlb, slba, n)
 	}
 	return nil
 }
@@ -262,6 +270,11 @@ func (c *controller) writeZeroes(q *queue, sl *slot, cmd Command) {
 	})
 }
 
+// errUnanswered is the error of a command that gets no completion: its
+// controller is ending (storeError), and the host replays the command
+// when its connection is gone.
+var errUnanswered = errors.New("nvmf: command left unanswered")
+
 // storeError turns a failed block request into its NVMe status (and logs
 // the failures that are the target's, not the host's).
 func (c *controller) storeError(q *queue, op string, err error) error {
@@ -275,6 +288,21 @@ func (c *controller) storeError(q *queue, op string, err error) error {
 	case errors.Is(err, store.ErrNoSpace):
 		// A full thin pool: the host's block layer reports ENOSPC.
 		return fail(StatusCapExceeded, "%v", err)
+	case errors.Is(err, store.ErrFenced) || errors.Is(err, store.ErrClosed) && !q.isDead():
+		// Another target took the volume over (the store fenced this
+		// handle), and the target ended every session of the volume, this
+		// controller's too, or is about to; or it has already, and its
+		// last session closed the handle. The controller ends with its
+		// queues, as a native session's QPs go down: the host recovers
+		// (reconnects, fails over) instead of staying attached to a
+		// controller whose every I/O fails. Not here: c.end waits for
+		// this command's queue to finish its commands. The command is not
+		// answered, as the native sessions leave theirs: the host replays
+		// what its lost connection had in flight.
+		q.log.Warn("volume fenced or its handle closed under the controller: ending the controller", "op", op,
+			"volume", c.volume.Name, "err", err)
+		go c.end("volume fenced: another target took it over")
+		return fmt.Errorf("%w: %w", errUnanswered, err)
 	case errors.Is(err, store.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		// Teardown: the host retries on its next connection.
 		return &StatusError{Status: StatusAbortRequested, Reason: err.Error()}

@@ -2,6 +2,7 @@ package nvmf
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -126,6 +127,114 @@ func TestStoreErrorStatus(t *testing.T) {
 		var se *StatusError
 		if err := c.storeError(nil, "write", tc.err); !errors.As(err, &se) || se.Status != tc.want {
 			t.Errorf("storeError(%v) = %v, want status %#x", tc.err, err, uint16(tc.want))
+		}
+	}
+}
+
+// TestVolumeGrownWhileServed: a volume grown while hosts are connected
+// (rtarget volume resize: the store lets open handles see the new size
+// at once) is that size for NVMe too. Identify Namespace reports it to a
+// host that rescans, I/O reaches the new blocks, and a host connecting
+// later, while the volume is still open, gets it from the start.
+func TestVolumeGrownWhileServed(t *testing.T) {
+	e := newTestEnv(t, envOpts{})
+	h := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})
+	const oldBlocks, newBlocks = 64 << 20 / store.BlockSize, 128 << 20 / store.BlockSize
+	if err := e.st.GrowVolume(context.Background(), "vol0", newBlocks*store.BlockSize); err != nil {
+		t.Fatal(err)
+	}
+	for i, host := range []*testHost{h, connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})} {
+		b, st, err := host.identify(CNSNamespace, 1)
+		if err != nil || st != StatusSuccess {
+			t.Fatalf("host %d: Identify Namespace: %v %v", i, st, err)
+		}
+		if ns := IdentifyNamespace(b); ns.NSZE() != newBlocks || ns.NCAP() != newBlocks {
+			t.Errorf("host %d: NSZE %d NCAP %d after the volume grew to %d blocks", i, ns.NSZE(), ns.NCAP(), newBlocks)
+		}
+		data := make([]byte, 2*store.BlockSize)
+		rand.Read(data)
+		lba := uint64(oldBlocks + 16*i)
+		if st, err := host.write(0, lba, data, true); err != nil || st != StatusSuccess {
+			t.Fatalf("host %d: write at LBA %d of the grown volume: %v %v", i, lba, st, err)
+		}
+		if got, st, err := host.read(0, lba, 2); err != nil || st != StatusSuccess || !bytes.Equal(got, data) {
+			t.Fatalf("host %d: read back at LBA %d: %v %v", i, lba, st, err)
+		}
+	}
+	// The end is still the end.
+	if st, _ := h.write(0, newBlocks-1, make([]byte, 2*store.BlockSize), true); st != StatusLBARange|StatusDNR {
+		t.Fatalf("write across the new end: %v", st)
+	}
+}
+
+// TestMDTSIsTheLimit: for every MaxTransfer New accepts, Identify
+// Controller's MDTS tells the host a limit the controller keeps: a host
+// that sends the largest transfer MDTS allows (its own limit, 256 KiB
+// here, when MDTS is 0: no limit) gets it done. MDTS counts in powers of
+// two of 4 KiB pages and 0 means no limit, so 4 KiB itself cannot be
+// said.
+func TestMDTSIsTheLimit(t *testing.T) {
+	probe := newTestEnv(t, envOpts{})
+	const hostLimit = 256 << 10
+	for _, mt := range []int{store.BlockSize, 2 * store.BlockSize, 64 << 10} {
+		t.Run(fmt.Sprint(mt), func(t *testing.T) {
+			cfg := probe.cfg
+			if _, err := New(cfg.with(func(c *Config) { c.MaxTransfer = mt })); err != nil {
+				t.Logf("MaxTransfer %d refused: %v", mt, err)
+				return
+			}
+			e := newTestEnv(t, envOpts{cfg: func(c *Config) { c.MaxTransfer = mt }})
+			h := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})
+			b, st, err := h.identify(CNSController, 0)
+			if err != nil || st != StatusSuccess {
+				t.Fatalf("Identify Controller: %v %v", st, err)
+			}
+			limit := hostLimit
+			if m := IdentifyController(b).MDTS(); m != 0 {
+				limit = min(limit, store.BlockSize<<m)
+			}
+			data := make([]byte, limit)
+			rand.Read(data)
+			if st, err := h.write(0, 0, data, true); err != nil || st != StatusSuccess {
+				t.Fatalf("MaxTransfer %d, MDTS %d: write of %d bytes: %v %v", mt, IdentifyController(b).MDTS(), limit, st, err)
+			}
+			if got, st, err := h.read(0, 0, limit/store.BlockSize); err != nil || st != StatusSuccess || !bytes.Equal(got, data) {
+				t.Fatalf("MaxTransfer %d: read of %d bytes: %v %v", mt, limit, st, err)
+			}
+		})
+	}
+}
+
+// with returns a copy of c changed by fn.
+func (c Config) with(fn func(*Config)) Config { fn(&c); return c }
+
+// TestReadOnlyNamespaceSaysSo: a volume that refuses writes (a snapshot,
+// served as VOL@SNAP) is reported write protected in Identify Namespace
+// (NSATTR bit 0), so the host makes its block device read-only instead of
+// failing every write it sends; the writes are still refused.
+func TestReadOnlyNamespaceSaysSo(t *testing.T) {
+	e := newTestEnv(t, envOpts{})
+	if _, err := e.st.CreateSnapshot(context.Background(), "vol0", "monday"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		vol      string
+		readOnly bool
+	}{{"vol0", false}, {"vol0@monday", true}} {
+		h := connectHost(t, e.addr, e.srv.NQN(c.vol), hostOpts{})
+		b, st, err := h.identify(CNSNamespace, 1)
+		if err != nil || st != StatusSuccess {
+			t.Fatalf("%s: Identify Namespace: %v %v", c.vol, st, err)
+		}
+		if wp := IdentifyNamespace(b).NSATTR()&1 != 0; wp != c.readOnly {
+			t.Errorf("%s: NSATTR write protected %v, want %v", c.vol, wp, c.readOnly)
+		}
+		want := StatusSuccess
+		if c.readOnly {
+			want = StatusNSWriteProtected | StatusDNR
+		}
+		if st, err := h.write(0, 0, make([]byte, store.BlockSize), false); err != nil || st != want {
+			t.Errorf("%s: write: %v %v, want %v", c.vol, st, err, want)
 		}
 	}
 }

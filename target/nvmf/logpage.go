@@ -20,6 +20,9 @@ const (
 	LogDiscovery = 0x70
 )
 
+// compositeTemp is the composite temperature SMART reports, in kelvins.
+const compositeTemp = 298
+
 const (
 	smartLen    = 512
 	firmwareLen = 512
@@ -77,13 +80,20 @@ func (c *controller) getLogPage(q *queue, sl *slot, cmd Command) {
 	}
 }
 
-// smartLog is the SMART / health information log: 25 °C, all spare
-// available, and the data units (thousands of 512-byte units, rounded
-// up) and commands this controller's host read and wrote.
+// smartLog is the SMART / health information log: 25 °C (critical
+// warning bit 1 if that is at or past a temperature threshold the host
+// set), all spare available, and the data units (thousands of 512-byte
+// units, rounded up) and commands this controller's host read and wrote.
 func (c *controller) smartLog() []byte {
 	b := make([]byte, smartLen)
-	binary.LittleEndian.PutUint16(b[1:], 298) // composite temperature, kelvins
-	b[3], b[4] = 100, 10                      // available spare, its threshold
+	c.mu.Lock()
+	over, under := c.tempOver, c.tempUnder
+	c.mu.Unlock()
+	if compositeTemp >= over || compositeTemp <= under {
+		b[0] |= 1 << 1
+	}
+	binary.LittleEndian.PutUint16(b[1:], compositeTemp)
+	b[3], b[4] = 100, 10 // available spare, its threshold
 	units := func(bytes uint64) uint64 { return (bytes/512 + 999) / 1000 }
 	binary.LittleEndian.PutUint64(b[32:], units(c.bytesRead.Load()))
 	binary.LittleEndian.PutUint64(b[48:], units(c.bytesWritten.Load()))

@@ -148,3 +148,104 @@ func TestConcurrentIO(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestSharedNamespaceSaysSo: a volume's subsystem takes a controller for
+// every admin queue that connects (two paths of one host, or several
+// hosts sharing the volume), so Identify Controller says the subsystem
+// may have several controllers (CMIC bit 1) and Identify Namespace that
+// namespace 1 may be attached to several at once (NMIC bit 0). Linux
+// refuses a second controller to a subsystem whose CMIC bit 1 is clear
+// ("Subsystem does not support multiple controllers"), and a namespace
+// seen through two controllers that is not shared ("Duplicate unshared
+// namespace"): with them clear, multipath to one volume cannot work.
+func TestSharedNamespaceSaysSo(t *testing.T) {
+	e := newTestEnv(t, envOpts{})
+	a := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})
+	b := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})
+	for i, h := range []*testHost{a, b} {
+		id, st, err := h.identify(CNSController, 0)
+		if err != nil || st != StatusSuccess {
+			t.Fatalf("controller %d: Identify Controller: %v %v", i, st, err)
+		}
+		if IdentifyController(id).CMIC()&(1<<1) == 0 {
+			t.Errorf("controller %d of a subsystem with 2: CMIC 0x%x, multiple controllers (bit 1) clear", i,
+				IdentifyController(id).CMIC())
+		}
+		ns, st, err := h.identify(CNSNamespace, 1)
+		if err != nil || st != StatusSuccess {
+			t.Fatalf("controller %d: Identify Namespace: %v %v", i, st, err)
+		}
+		if IdentifyNamespace(ns).NMIC()&1 == 0 {
+			t.Errorf("controller %d: namespace 1, attached to 2 controllers: NMIC 0x%x, shared (bit 0) clear", i,
+				IdentifyNamespace(ns).NMIC())
+		}
+	}
+}
+
+// TestTemperatureThresholds: Get/Set Features Temperature Threshold keeps
+// the composite temperature's over- and under-temperature thresholds
+// apart (THSEL), refuses sensors the controller does not have (TMPSEL 1-8:
+// SMART reports none), and the SMART log's critical warning bit 1 says
+// when the composite temperature (298 K) is past either.
+func TestTemperatureThresholds(t *testing.T) {
+	e := newTestEnv(t, envOpts{})
+	h := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{})
+	const under, sensor1 = 1 << 20, 1 << 16
+	get := func(cdw11 uint32) (uint64, Status) {
+		t.Helper()
+		r, _, err := h.admin.do(CommandFields{Opcode: AdminGetFeatures, CDW10_15: [6]uint32{FeatTempThreshold, cdw11}}, cmdOpts{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.result(), r.status()
+	}
+	set := func(cdw11 uint32) Status {
+		t.Helper()
+		r, _, err := h.admin.do(CommandFields{Opcode: AdminSetFeatures, CDW10_15: [6]uint32{FeatTempThreshold, cdw11}}, cmdOpts{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.status()
+	}
+	warning := func() bool {
+		t.Helper()
+		b, st, err := h.getLog(LogSMART, smartLen, 0)
+		if err != nil || st != StatusSuccess {
+			t.Fatalf("SMART log: %v %v", st, err)
+		}
+		return b[0]&(1<<1) != 0
+	}
+	if v, st := get(0); st != StatusSuccess || v != 343 {
+		t.Errorf("over-temperature threshold: %d %v, want 343", v, st)
+	}
+	if v, st := get(under); st != StatusSuccess || v != 0 {
+		t.Errorf("under-temperature threshold: %d %v, want 0 (none)", v, st)
+	}
+	if warning() {
+		t.Error("critical warning with 298 K between 0 and 343")
+	}
+	if st := set(under | 300); st != StatusSuccess {
+		t.Fatalf("set under-temperature threshold: %v", st)
+	}
+	if v, st := get(under); st != StatusSuccess || v != 300 {
+		t.Errorf("under-temperature threshold after setting 300: %d %v", v, st)
+	}
+	if v, _ := get(0); v != 343 {
+		t.Errorf("over-temperature threshold changed by setting the under one: %d", v)
+	}
+	if !warning() {
+		t.Error("no critical warning with 298 K under the under-temperature threshold of 300")
+	}
+	if set(under|0) != StatusSuccess || set(290) != StatusSuccess || !warning() {
+		t.Error("no critical warning with 298 K over an over-temperature threshold of 290")
+	}
+	if set(343) != StatusSuccess || warning() {
+		t.Error("critical warning with the thresholds back at 0 and 343")
+	}
+	if _, st := get(sensor1); st != StatusInvalidField|StatusDNR {
+		t.Errorf("Get of temperature sensor 1 (none): %v, want %v", st, StatusInvalidField|StatusDNR)
+	}
+	if st := set(sensor1 | 350); st != StatusInvalidField|StatusDNR {
+		t.Errorf("Set of temperature sensor 1 (none): %v, want %v", st, StatusInvalidField|StatusDNR)
+	}
+}

@@ -202,6 +202,15 @@ func (q *queue) onCommand(i, n int, wc *rnic.WC) error {
 // Connect, then the admin or the I/O command set.
 func (q *queue) dispatch(sl *slot) {
 	c := sl.command()
+	if c.Fuse() != 0 {
+		// No fused operation is offered (Identify Controller FUSES is 0):
+		// FUSE 01b or 10b is an unsupported value of the field. Run as a
+		// plain command, the Write of a Compare and Write pair would
+		// change the blocks whatever the Compare found.
+		q.complete(sl, 0, fail(StatusInvalidField, "opcode 0x%02x with FUSE %d: fused operations are not supported",
+			c.Opcode(), c.Fuse()))
+		return
+	}
 	if c.Opcode() == OpcodeFabrics {
 		q.fabrics(sl, c)
 		return

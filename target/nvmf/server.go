@@ -54,7 +54,8 @@ type Config struct {
 	// I/O queue (IOCCSZ = (64 + InCapsule) / 16): 4096; a multiple of 16.
 	InCapsule int
 	// MaxTransfer is the largest data transfer of one command (MDTS): 1
-	// MiB; a power of two from 4 KiB to 1 MiB.
+	// MiB; a power of two from 8 KiB to 1 MiB. (MDTS is a power of two of
+	// 4 KiB pages, and 0 says there is no limit: 4 KiB cannot be told.)
 	MaxTransfer int
 	// ORD is the most RDMA Reads each queue keeps outstanding (the host's
 	// IRD lowers it on MPA revision 2): 32, at most 128.
@@ -110,8 +111,8 @@ func (c *Config) fill() error {
 	switch {
 	case c.InCapsule < 0 || c.InCapsule%16 != 0 || c.InCapsule > 64<<10:
 		return fmt.Errorf("nvmf: InCapsule %d: want a multiple of 16 up to 64 KiB", c.InCapsule)
-	case c.MaxTransfer < store.BlockSize || c.MaxTransfer > 1<<20 || c.MaxTransfer&(c.MaxTransfer-1) != 0:
-		return fmt.Errorf("nvmf: MaxTransfer %d: want a power of two from 4 KiB to 1 MiB", c.MaxTransfer)
+	case c.MaxTransfer < 2*store.BlockSize || c.MaxTransfer > 1<<20 || c.MaxTransfer&(c.MaxTransfer-1) != 0:
+		return fmt.Errorf("nvmf: MaxTransfer %d: want a power of two from 8 KiB to 1 MiB", c.MaxTransfer)
 	case c.ORD < 1 || c.ORD > 128:
 		return fmt.Errorf("nvmf: ORD %d: want 1-128", c.ORD)
 	case c.IOQueues < 1 || c.IOQueues > 1024:

@@ -118,8 +118,14 @@ func (q *queue) completeData(sl *slot, n int, result uint64) {
 
 // complete sends the command's completion: success with result if err is
 // nil, else the status err carries (a *StatusError; any other error is an
-// internal error the host may retry).
+// internal error the host may retry); none for errUnanswered.
 func (q *queue) complete(sl *slot, result uint64, err error) {
+	if errors.Is(err, errUnanswered) {
+		// The controller is ending: the slot and its buffer stay taken
+		// until the queue's teardown gives them back.
+		q.log.Debug("command left unanswered", "opcode", sl.command().Opcode(), "cid", sl.command().CID(), "err", err)
+		return
+	}
 	st := StatusSuccess
 	if err != nil {
 		var se *StatusError

@@ -147,14 +147,17 @@
 // file was created: a new file's name is durable only then), then writes
 // the batch in badger transactions that each hold whole replacements (a map
 // entry, the delta entry keeping the old one or the release of its cluster,
-// the allocation from the free ranges), then syncs the database (db.Sync
-// plus an fsync of every memtable WAL and of the directory: badger v4.9.6's
-// db.Sync covers only the mutable memtable's WAL and never syncs its
-// directory). So a map entry never becomes durable before the data it
-// points at, no change is ever durable in part, and a flushed or FUA write
-// survives kill -9 and power loss (cmd/e2e's TestCrashConsistency kills
-// rtarget; TestPowerLoss shuts its file system down as a power cut would,
-// losing what was not synced). A failed sync (of the data files or of the
+// the allocation from the free ranges), then syncs the database (an fsync
+// of the value log, of every memtable WAL, oldest first, and of the
+// directory, then db.Sync: badger v4.9.6's db.Sync covers only the mutable
+// memtable's WAL and never syncs its directory; a newer WAL synced first
+// could keep a later transaction without an earlier one). So a map entry
+// never becomes durable before the data it points at, no change is ever
+// durable in part, what survives a commit cut short is a prefix of it
+// (TestWALOrderPowerCut), and a flushed or FUA write survives kill -9 and
+// power loss (cmd/e2e's TestCrashConsistency kills rtarget; TestPowerLoss
+// shuts its file system down as a power cut would, losing what was not
+// synced). A failed sync (of the data files or of the
 // database) fails the store: it refuses changes until it is reopened, since
 // the kernel may have dropped the pages it could not write and reports that
 // to an open file once, so a later sync, or one beside it on the same file,

@@ -68,6 +68,9 @@ type thinBackend struct {
 	// syncMetaHook, when set (by tests only), runs before syncMeta's
 	// db.Sync, and fails the sync when it returns an error.
 	syncMetaHook atomic.Pointer[func() error]
+	// walSyncedHook, when set (by tests only), runs in syncMeta once
+	// db.Sync has made the newest memtable's WAL durable.
+	walSyncedHook atomic.Pointer[func()]
 	// metaMu serializes the transactions that change metadata: commits of
 	// the write batch and catalog changes. Order: volsMu, then a volume's
 	// ioLock, then metaMu.
@@ -576,12 +579,13 @@ func (b *thinBackend) migrateFormat1(f thinFormat) error {
 	return nil
 }
 
-// syncMeta makes the metadata database durable: db.Sync covers the WAL of
-// the mutable memtable and the value log; the WALs of full memtables and
-// the directory are synced by hand (see syncBadgerDir). The syncs run one
-// at a time, and the first that fails fails the store (fail): the kernel
-// reports a write-back error to an open file once, so a sync beside or
-// after the failed one could succeed with the metadata lost.
+// syncMeta makes the metadata database durable: the value log, the WALs
+// of full memtables and the directory are synced by hand, oldest WAL
+// first (see syncBadgerDir), then db.Sync covers the WAL of the mutable
+// memtable (and the value log again). The syncs run one at a time, and
+// the first that fails fails the store (fail): the kernel reports a
+// write-back error to an open file once, so a sync beside or after the
+// failed one could succeed with the metadata lost.
 func (b *thinBackend) syncMeta() error {
 	b.syncMetaMu.Lock()
 	defer b.syncMetaMu.Unlock()
@@ -592,13 +596,21 @@ func (b *thinBackend) syncMeta() error {
 	if h := b.syncMetaHook.Load(); h != nil {
 		err = (*h)()
 	}
-	if err == nil {
-		err = b.db.Sync()
-	}
 	if err != nil {
 		err = fmt.Errorf("badger sync: %w", err)
 	} else {
+		// The WALs of full memtables before db.Sync's of the newest one:
+		// a later transaction is never durable before an earlier one (see
+		// syncBadgerDir).
 		err = syncBadgerDir(filepath.Join(b.dir, thinMetaDir))
+	}
+	if err == nil {
+		if err = b.db.Sync(); err != nil {
+			err = fmt.Errorf("badger sync: %w", err)
+		}
+	}
+	if h := b.walSyncedHook.Load(); h != nil && err == nil {
+		(*h)()
 	}
 	if err != nil {
 		return b.fail(err)

@@ -442,13 +442,20 @@ func (b *thinBackend) checkDataHeader(f thinFormat) error {
 	}
 	var high []byte
 	err := b.db.View(func(txn *badger.Txn) error {
-		if item, err := txn.Get(thinHighKey); err == nil {
-			high, _ = item.ValueCopy(nil)
+		item, err := txn.Get(thinHighKey)
+		switch {
+		case errors.Is(err, badger.ErrKeyNotFound):
+			return nil
+		case err != nil:
+			return err
 		}
-		return nil
+		high, err = item.ValueCopy(nil)
+		return err
 	})
 	if err != nil {
-		return err
+		// Not knowing whether the metadata has data, the header is not
+		// written: that would pair these data files with it for good.
+		return fmt.Errorf("data file header missing; read the high-water mark: %w", err)
 	}
 	if high != nil {
 		return fmt.Errorf("data file header missing but the metadata has data: %w", ErrCorrupt)

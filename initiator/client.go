@@ -22,7 +22,10 @@ type Client struct {
 	dev    *rnic.Device
 	ownDev bool
 
-	size     int64
+	// size is the volume's size as the latest login gave it: a volume
+	// grown (or shrunk) while the client was away shows its new size
+	// from the next session on (Size).
+	size     atomic.Int64
 	readOnly bool
 
 	// barrier orders Flush after the writes issued before it: writes hold
@@ -98,7 +101,8 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 		}
 		return nil, errors.Join(errs...)
 	}
-	c.size, c.readOnly = s.size, s.readOnly
+	c.size.Store(s.size)
+	c.readOnly = s.readOnly
 	c.mu.Lock()
 	c.target = target
 	died := c.adopt(s)
@@ -120,8 +124,11 @@ func (c *Client) adopt(s *session) (died bool) {
 	return s.isDead()
 }
 
-// Size is the volume's size in bytes.
-func (c *Client) Size() int64 { return c.size }
+// Size is the volume's size in bytes, as the latest login gave it: a
+// volume resized while the session was down shows its new size once the
+// client has logged in again (an NBD export reads it for each new
+// connection).
+func (c *Client) Size() int64 { return c.size.Load() }
 
 // GaveUp is closed when the client gives up on the volume for good: the
 // session was lost and every target of Config.Addr refused the login
@@ -275,6 +282,10 @@ func (c *Client) reconnectLoop() {
 			}
 			if s.bootID != 0 && c.unflushed.Load() != 0 && c.unflushed.Load() != s.bootID {
 				c.log.Warn("the target restarted since the last flush: the next Flush reports ErrWritesLost")
+			}
+			if old := c.size.Swap(s.size); old != s.size {
+				c.log.Warn("the volume's size changed while the session was down; new connections see the new size",
+					"old", old, "new", s.size)
 			}
 			died := c.adopt(s)
 			c.reconnect = false

@@ -19,11 +19,12 @@ const maxDiscard = 1 << 30
 
 // check validates a byte range against the volume.
 func (c *Client) check(off, n int64) error {
+	size := c.size.Load()
 	switch {
 	case off < 0 || n < 0 || off%minIO != 0 || n%minIO != 0:
 		return fmt.Errorf("%w: offset %d and length %d must be non-negative multiples of %d", ErrInvalid, off, n, minIO)
-	case off > c.size || n > c.size-off:
-		return fmt.Errorf("%w: %d bytes at %d, volume size %d", ErrRange, n, off, c.size)
+	case off > size || n > size-off:
+		return fmt.Errorf("%w: %d bytes at %d, volume size %d", ErrRange, n, off, size)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"syscall"
+	"time"
 )
 
 // A client that leaves without NBD_CMD_DISC abandons its requests in
@@ -31,18 +32,36 @@ var errPeerShut = errors.New("nbd: the client shut its side of the connection do
 // milliseconds: a watch ends at most this long after its wait.
 const peerPoll = 50
 
-// waitWatched runs wait, the reader's wait for a slot or for budget, with
-// a context that ends with t.ctx or when the client shuts its side of the
-// connection down. skip is the payload of the current request the reader
-// has still to read (a WRITE's), which precedes the next request. It
-// returns nil once wait succeeded, else an error: t.ctx ended, or the
-// client left without NBD_CMD_DISC (ErrClientGone).
+// watchAfter is how long a wait for a slot or for budget goes unwatched.
+// At a queue depth above MaxInFlight nearly every request waits for a
+// slot, for about one I/O's time; a watch costs a descriptor and a thread
+// blocked in poll for up to peerPoll, so only a wait that lasts (a
+// session being re-established, a stalled target) is watched.
+const watchAfter = 100 * time.Millisecond
+
+// msgWatching is logged (debug) when a wait starts being watched.
+const msgWatching = "nbd: the reader still waits for a slot or budget: watching the connection for the client leaving"
+
+// waitWatched runs wait, the reader's wait for a slot or for budget: for
+// watchAfter with t.ctx, then with a context that ends with t.ctx or when
+// the client shuts its side of the connection down. skip is the payload
+// of the current request the reader has still to read (a WRITE's), which
+// precedes the next request. It returns nil once wait succeeded, else an
+// error: t.ctx ended, or the client left without NBD_CMD_DISC
+// (ErrClientGone). wait must take nothing when its context ends.
 func (t *transmission) waitWatched(skip int64, wait func(ctx context.Context) error) error {
 	if t.discAhead {
 		return wait(t.ctx) // found before: the socket has nothing more to tell
 	}
+	short, cancel := context.WithTimeout(t.ctx, watchAfter)
+	err := wait(short)
+	cancel()
+	if err == nil || t.ctx.Err() != nil {
+		return err
+	}
+	t.c.log.Debug(msgWatching, "after", watchAfter)
 	ctx, stop := t.watchPeer()
-	err := wait(ctx)
+	err = wait(ctx)
 	stop()
 	if err == nil || t.ctx.Err() != nil || !errors.Is(context.Cause(ctx), errPeerShut) {
 		return err

@@ -111,3 +111,44 @@ func TestClientLeavingWhileReaderWaits(t *testing.T) {
 		})
 	}
 }
+
+// TestShortWaitsAreNotWatched: a client that keeps more requests in
+// flight than MaxInFlight (the Linux kernel's NBD client keeps up to 128)
+// makes the reader wait for a slot before nearly every request, for about
+// one request's time. Such waits are not watched for the client leaving:
+// a watch costs a descriptor and a thread blocked in poll, and watching
+// every wait made the runtime start a thread for about every 70 requests
+// (83-87 for 6,000 reads at MaxInFlight 2, against 1 now). Only a wait
+// that lasts watchAfter is watched; here the Backend answers in 300 us,
+// so at most a few waits (a machine that stalls) may be.
+func TestShortWaitsAreNotWatched(t *testing.T) {
+	m := newMem(1 << 20)
+	m.hook = func(ctx context.Context, op string, off, n int64) error {
+		time.Sleep(300 * time.Microsecond)
+		return nil
+	}
+	log := watchLog(t)
+	s := serve(t, &Server{Exports: []Export{{Name: "x", Backend: m}}, MaxInFlight: 2, Logger: log.Logger})
+	c := dial(t, s.addr, clientFlagFixedNewstyle)
+	c.goExport("x")
+	const depth, total = 32, 3000
+	sent := 0
+	for ; sent < depth; sent++ {
+		c.send(CmdRead, 0, uint64(sent), 0, 4096, nil)
+	}
+	for range total {
+		if r := c.reply(); r.errno != 0 {
+			t.Fatalf("read %d: errno %d", r.cookie, r.errno)
+		}
+		if sent < total {
+			c.send(CmdRead, 0, uint64(sent), 0, 4096, nil)
+			sent++
+		}
+	}
+	log.mu.Lock()
+	watched := log.seen[msgWatching]
+	log.mu.Unlock()
+	if watched > total/100 {
+		t.Fatalf("%d of %d waits for a slot were watched; want only those that lasted %v", watched, total, watchAfter)
+	}
+}

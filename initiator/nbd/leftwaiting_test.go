@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -41,21 +40,7 @@ func TestClientLeavingWhileReaderWaits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newMem(1 << 20)
-			entered, release := make(chan struct{}), make(chan struct{})
-			cause := make(chan error, 1)
-			var first atomic.Bool
-			m.hook = func(ctx context.Context, op string, off, n int64) error {
-				if op != "write" || !first.CompareAndSwap(false, true) {
-					return nil
-				}
-				close(entered)
-				select {
-				case <-ctx.Done():
-				case <-release:
-				}
-				cause <- context.Cause(ctx)
-				return nil
-			}
+			entered, release, cause := holdFirstWrite(m)
 			srv := tc.srv(m)
 			log := watchLog(t)
 			srv.Logger = log.Logger

@@ -290,6 +290,27 @@ func TestDiscWaitsForInFlight(t *testing.T) {
 	}
 }
 
+// holdFirstWrite makes m's first write wait, once entered is closed, until
+// its context ends or release is closed; cause then receives the cause of
+// the write's context (nil if release ended the wait).
+func holdFirstWrite(m *memBackend) (entered, release chan struct{}, cause chan error) {
+	entered, release, cause = make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	var first atomic.Bool
+	m.hook = func(ctx context.Context, op string, off, n int64) error {
+		if op != "write" || !first.CompareAndSwap(false, true) {
+			return nil
+		}
+		close(entered)
+		select {
+		case <-ctx.Done():
+		case <-release:
+		}
+		cause <- context.Cause(ctx)
+		return nil
+	}
+	return entered, release, cause
+}
+
 // TestClientLeavingAbandonsRequests: a client that closes its connection
 // without NBD_CMD_DISC abandons its requests in flight: the context of
 // the Backend call still running is cancelled, with ErrClientGone as its
@@ -299,20 +320,7 @@ func TestClientLeavingAbandonsRequests(t *testing.T) {
 	for _, disc := range []bool{false, true} {
 		t.Run(map[bool]string{false: "close", true: "disc"}[disc], func(t *testing.T) {
 			m := newMem(1 << 20)
-			entered, release := make(chan struct{}), make(chan struct{})
-			cause := make(chan error, 1)
-			m.hook = func(ctx context.Context, op string, off, n int64) error {
-				if op != "write" {
-					return nil
-				}
-				close(entered)
-				select {
-				case <-ctx.Done():
-				case <-release:
-				}
-				cause <- context.Cause(ctx)
-				return nil
-			}
+			entered, release, cause := holdFirstWrite(m)
 			s, c, log := serveWatched(t, m)
 			c.send(CmdWrite, 0, 7, 0, 4096, pattern(4096, 3))
 			<-entered

@@ -38,7 +38,8 @@
 // allocated as a contiguous run, so a large request is one system call.
 // Writes are issued in pieces of at most 64 KiB (thin_pool.go, writeChunk):
 // larger page-cache folios make every later 4 KiB write into them walk the
-// whole folio in ext4. On XFS, whose writes walk no such list, they are
+// whole folio in ext4. A write over data the page cache holds in full
+// makes no folio, and goes in one piece (thin_pool.go, cached). On XFS, whose writes walk no such list, they are
 // issued whole: its large folios make later reads cheaper. On XFS the
 // blocks of new clusters are also allocated ahead, 1 GiB of the data file
 // at a time (thin_pool.go, allocAhead): each 4 KiB write into a new

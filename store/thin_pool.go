@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -222,11 +224,13 @@ func (p *dataPool) locateWrite(n int, c uint64, off int64) (*dataFile, int64, er
 
 // pwrite writes src at pos of f (cluster c, for errors).
 func (p *dataPool) pwrite(f *dataFile, src []byte, pos int64, c uint64) error {
+	// Pieces of at most writeChunk (see there), unless the page cache holds
+	// every page of the range already: a write makes no new folio then,
+	// and one call does it all.
+	whole := p.xfs || len(src) <= writeChunk || cached(f.fd, pos, int64(len(src)))
 	for len(src) > 0 {
-		// At most up to the next chunk boundary per pwrite: see
-		// writeChunk.
 		k := int64(len(src))
-		if !p.xfs {
+		if !whole {
 			k = min(k, writeChunk-pos%writeChunk)
 		}
 		n, err := unix.Pwrite(f.fd, src[:k], pos)
@@ -320,6 +324,26 @@ func (p *dataPool) allocAhead(f *dataFile, pos, end int64) {
 // left whole against 64 KiB pieces: 4 KiB random reads at QD16 51.2-51.6k
 // -> 56.7-61.1k IOPS, random writes 49.5-51.6k -> 56.1-58.4k.
 const writeChunk = 64 << 10
+
+// cached reports whether the page cache holds every page of the n bytes
+// at pos of fd (cachestat, Linux 6.5; false where it fails). It does not
+// wait for I/O, so it is made without telling the scheduler, as
+// preadv2NoWait is.
+//
+// Through rinit this spares a 1 MiB overwrite 15 of its 16 calls; in
+// BenchmarkStoreVsFile (1 MiB sequential writes at QD4 on a volume written
+// in full, against the plain file written in 64 KiB pieces, so both are
+// cached in 64 KiB folios) the store went from 0.78-0.86x the file to
+// 0.86-1.03x.
+func cached(fd int, pos, n int64) bool {
+	page := int64(unix.Getpagesize()) // cachestat counts pages
+	first, last := pos/page, (pos+n-1)/page
+	r := unix.CachestatRange{Off: uint64(first * page), Len: uint64((last - first + 1) * page)}
+	var st unix.Cachestat_t
+	_, _, e := syscall.RawSyscall6(unix.SYS_CACHESTAT, uintptr(fd), uintptr(unsafe.Pointer(&r)),
+		uintptr(unsafe.Pointer(&st)), 0, 0, 0)
+	return e == 0 && st.Cache == uint64(last-first+1)
+}
 
 // onXFS reports whether dir is on XFS (false when it cannot be told): the
 // data files are then written without writeChunk's bound, and their new

@@ -3,9 +3,13 @@ package store
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // openThinVol opens a thin store in a temporary directory and a new volume
@@ -340,4 +344,53 @@ func TestCrashDuringCommitLeaks(t *testing.T) {
 	}
 	defer st.Close()
 	CheckThin(t, st)
+}
+
+// TestCached: cached tells a range the page cache holds in full from one
+// it holds in part or not at all, as pwrite relies on to write a large
+// request whole only where that makes no new folio.
+func TestCached(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fd := int(f.Fd())
+	const n = 1 << 20
+	if _, err := f.WriteAt(bytes.Repeat([]byte{7}, n), 0); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Cachestat_t
+	if err := unix.Cachestat(uint(fd), &unix.CachestatRange{Len: n}, &st, 0); err != nil {
+		t.Skipf("cachestat: %v (Linux 6.5 or later): pwrite writes in pieces", err)
+	}
+	check := func(what string, pos, n int64, want bool) {
+		t.Helper()
+		if got := cached(fd, pos, n); got != want {
+			t.Errorf("%s: cached(%d, %d) = %v, want %v", what, pos, n, got, want)
+		}
+	}
+	check("just written", 0, n, true)
+	check("an unaligned part", 1000, 70000, true)
+	check("running past the end", n-4096, 8192, false)
+	// Written back and dropped, then the first 64 KiB read again alone
+	// (no readahead).
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fadvise(fd, 0, n, unix.FADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+	if cached(fd, 0, 4096) {
+		t.Skip("the kernel kept the pages FADV_DONTNEED dropped")
+	}
+	check("dropped", 0, n, false)
+	if err := unix.Fadvise(fd, 0, n, unix.FADV_RANDOM); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.ReadAt(make([]byte, 64<<10), 0); err != nil {
+		t.Fatal(err)
+	}
+	check("read again", 0, 64<<10, true)
+	check("read again and beyond", 0, 128<<10, false)
 }

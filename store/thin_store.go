@@ -229,6 +229,7 @@ func (b *thinBackend) start() error {
 	b.bufs.New = func() any { buf := make([]byte, b.cs); return &buf }
 
 	unclean := false
+	var merged []uint64 // starts of stored free ranges merged into the one before
 	b.durable.changes = nil
 	err = b.db.View(func(txn *badger.Txn) error {
 		if _, err := txn.Get(thinOpenKey); err == nil {
@@ -263,8 +264,27 @@ func (b *thinBackend) start() error {
 			if err != nil {
 				return err
 			}
-			if start == 0 || end <= start || end > b.high {
-				return fmt.Errorf("free range [%d, %d) with %d clusters: %w", start, end, b.high, ErrCorrupt)
+			// The ranges come in the order of their starts. A range that
+			// begins before the end of the one before it, or in the
+			// store's header, was not written by this store (rangeSet
+			// keeps them disjoint): handed out, its clusters could hold
+			// two volumes' data at once, or the header.
+			from := b.firstCluster() // where this range may start
+			n := len(b.durable.r)
+			if n > 0 {
+				from = b.durable.r[n-1].end
+			}
+			if start < from || end <= start || end > b.high {
+				return fmt.Errorf("free range [%d, %d): it must start at %d or later and end by %d: %w",
+					start, end, from, b.high, ErrCorrupt)
+			}
+			if n > 0 && start == from {
+				// Touching the one before: every cluster is free once,
+				// but rangeSet keeps ranges apart. Merged here, and
+				// written merged below.
+				b.durable.r[n-1].end = end
+				merged = append(merged, start)
+				continue
 			}
 			b.durable.r = append(b.durable.r, clusterRange{start, end})
 		}
@@ -274,6 +294,14 @@ func (b *thinBackend) start() error {
 		return err
 	}
 	b.durable.changes = make(map[uint64]uint64)
+	if len(merged) > 0 {
+		b.log.Warn("free ranges that touch were stored apart: merging them", "merged", len(merged))
+		for _, start := range merged {
+			b.durable.note(start, 0)
+			r := b.durable.r[b.durable.find(start)] // the range start now lies inside
+			b.durable.note(r.start, r.end)
+		}
+	}
 	if unclean {
 		if err := b.reclaimLeaked(); err != nil {
 			return err
@@ -297,7 +325,13 @@ func (b *thinBackend) start() error {
 	if _, err := b.pool.sync(); err != nil {
 		return err
 	}
-	if err := b.db.Update(func(txn *badger.Txn) error { return txn.Set(thinOpenKey, nil) }); err != nil {
+	err = b.db.Update(func(txn *badger.Txn) error {
+		if err := b.putRanges(txn); err != nil { // the merged free ranges
+			return err
+		}
+		return txn.Set(thinOpenKey, nil)
+	})
+	if err != nil {
 		return err
 	}
 	if err := b.syncMeta(); err != nil {

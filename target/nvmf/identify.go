@@ -196,9 +196,6 @@ func (c *controller) identify(q *queue, sl *slot, cmd Command) {
 		return
 	case cns == CNSNamespace && nsid == 1:
 		fill = c.identifyNamespace
-	case cns == CNSNamespace && nsid == 0xffffffff:
-		// The format common to all namespaces: no size.
-		fill = func(b []byte) { IdentifyNamespace(b).Encode(&IdentifyNamespaceFields{LBADS: 12}) }
 	case cns == CNSActiveNSList && nsid < 0xfffffffe:
 		fill = func(b []byte) {
 			clear(b)
@@ -211,6 +208,11 @@ func (c *controller) identify(q *queue, sl *slot, cmd Command) {
 	case (cns == CNSCSNamespace && nsid == 1 || cns == CNSCSController) && csi == 0:
 		fill = func(b []byte) { clear(b) }
 	case cns == CNSNamespace || cns == CNSNSDescriptors || cns == CNSActiveNSList || cns == CNSCSNamespace:
+		// NSID FFFFFFFFh included: the capabilities common to all
+		// namespaces are for a controller with Namespace Management
+		// (OACS bit 3), which this one is not; without it Identify
+		// Namespace of FFFFFFFFh is aborted with Invalid Namespace or
+		// Format (NVM Command Set 1.0 §4.1.5.1).
 		q.complete(sl, 0, fail(StatusInvalidNS, "Identify CNS 0x%02x of namespace %d", cns, nsid))
 		return
 	default:

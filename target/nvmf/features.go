@@ -98,6 +98,12 @@ func (c *controller) tempThresholdLocked(cdw11 uint32, set bool) *uint16 {
 
 func (c *controller) getFeatures(q *queue, sl *slot, cmd Command) {
 	fid, sel := cmd.CDW(10)&0xff, cmd.CDW(10)>>8&7
+	if sel > 3 {
+		// SEL 100b to 111b are reserved, and a reserved value in a
+		// defined field of a command is an error (NVMe Base 2.0 §1.4).
+		q.complete(sl, 0, fail(StatusInvalidField, "Get Features 0x%02x with the reserved Select %03b", fid, sel))
+		return
+	}
 	if fid == FeatHostID && !c.disc {
 		// The 128-bit host identifier (EXHID, CDW11 bit 0), as data.
 		if cmd.CDW(11)&1 == 0 {

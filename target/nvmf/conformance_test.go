@@ -61,3 +61,45 @@ func TestGetFeaturesReservedSelectRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestGetFeaturesDefaultAndSavedValues: Get Features with SEL 001b returns
+// a feature's default value, not the value Set Features made current; and
+// as nothing here is saveable, SEL 010b (saved) operates as 001b (NVMe
+// Base 2.0, Get Features, Command Dword 10; Base 2.1 Figure 192 words the
+// saved case as a shall). SEL 000b still returns the
+// current value. The defaults: Asynchronous Event Configuration 0, the
+// composite temperature's thresholds 343 K and 0 K, and the keep alive
+// timeout the host gave in Connect.
+func TestGetFeaturesDefaultAndSavedValues(t *testing.T) {
+	e := newTestEnv(t, envOpts{})
+	h := connectHost(t, e.addr, e.srv.NQN("vol0"), hostOpts{kato: 10000})
+	const under = 1 << 20
+	for _, c := range []struct {
+		name          string
+		fid, cdw11    uint32 // cdw11 of Get: the threshold selected
+		set           uint32
+		current, dflt uint64
+	}{
+		{"async-event-config", FeatAsyncEvent, 0, 1 << 8, 1 << 8, 0},
+		{"temp-over", FeatTempThreshold, 0, 300, 300, 343},
+		{"temp-under", FeatTempThreshold, under, under | 200, 200, 0},
+		{"kato", FeatKATO, 0, 30000, 30000, 10000},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, _, err := h.admin.do(CommandFields{Opcode: AdminSetFeatures, CDW10_15: [6]uint32{c.fid, c.set}}, cmdOpts{})
+			if err != nil || r.status() != StatusSuccess {
+				t.Fatalf("Set Features 0x%02x: %v %v", c.fid, r.status(), err)
+			}
+			for sel, want := range []uint64{c.current, c.dflt, c.dflt} {
+				f := CommandFields{Opcode: AdminGetFeatures, CDW10_15: [6]uint32{c.fid | uint32(sel)<<8, c.cdw11}}
+				r, _, err := h.admin.do(f, cmdOpts{})
+				if err != nil || r.status() != StatusSuccess {
+					t.Fatalf("Get Features 0x%02x SEL %03b: %v %v", c.fid, sel, r.status(), err)
+				}
+				if r.result() != want {
+					t.Errorf("Get Features 0x%02x SEL %03b: %d, want %d", c.fid, sel, r.result(), want)
+				}
+			}
+		})
+	}
+}

@@ -61,6 +61,7 @@ type controller struct {
 	tempOver   uint16 // composite temperature's over-temperature threshold (kelvins)
 	tempUnder  uint16 // ... and its under-temperature threshold (0: none)
 	kato       time.Duration
+	connKATO   time.Duration // the keep alive timeout of Connect: the feature's default
 	kaTimer    *time.Timer
 	kaSeen     uint64 // activity when the timer period began
 	kaArmed    uint64 // armings of the timer: a callback of an older one does nothing
@@ -117,7 +118,7 @@ func (s *Server) newNVMController(fe *target.FrontendSession, subNQN, hostNQN st
 
 func (s *Server) newController(subNQN, hostNQN string, hostID [16]byte, q *queue) *controller {
 	c := &controller{s: s, subNQN: subNQN, hostNQN: hostNQN, hostID: hostID, remote: q.remote, local: q.local,
-		queues: map[uint16]*queue{}, tempOver: 343} // 70 °C in kelvins
+		queues: map[uint16]*queue{}, tempOver: tempOverDefault}
 	c.touch()
 	return c
 }

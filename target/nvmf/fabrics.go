@@ -215,6 +215,7 @@ func (q *queue) connectAdmin(d ConnectData, kato time.Duration) error {
 	s.m.ControllersTotal.Add(1)
 	c.mu.Lock()
 	c.queues[0] = q
+	c.connKATO = kato
 	c.setKeepAliveLocked(kato)
 	c.mu.Unlock()
 	q.ctrl.Store(c)

@@ -24,6 +24,11 @@ const (
 	FeatResvPersist   = 0x83
 )
 
+// tempOverDefault is the composite temperature's over-temperature
+// threshold until a host sets one: 343 K, 70 °C. The under-temperature
+// one starts at 0 (none).
+const tempOverDefault = 343
+
 // numQueuesResult is the completion result of Number of Queues: the I/O
 // submission and completion queues allocated, both 0-based.
 func numQueuesResult(n int) uint64 { return uint64(n-1) | uint64(n-1)<<16 }
@@ -116,6 +121,10 @@ func (c *controller) getFeatures(q *queue, sl *slot, cmd Command) {
 	if !noData(q, sl) {
 		return
 	}
+	// SEL 001b asks for the default value; nothing is saveable, so
+	// 010b (saved) operates as 001b (NVMe Base 2.0, Get Features, Command
+	// Dword 10; Base 2.1 Figure 192).
+	dflt := sel == 1 || sel == 2
 	c.mu.Lock()
 	var result uint64
 	changeable := true
@@ -123,17 +132,29 @@ func (c *controller) getFeatures(q *queue, sl *slot, cmd Command) {
 	switch {
 	case fid == FeatNumQueues && !c.disc:
 		n := c.s.cfg.IOQueues
-		if c.ioQueues > 0 {
+		if c.ioQueues > 0 && !dflt {
 			n = c.ioQueues
 		}
 		result, changeable = numQueuesResult(n), false
 	case fid == FeatAsyncEvent:
-		result = uint64(c.aec)
+		if !dflt {
+			result = uint64(c.aec)
+		}
 	case fid == FeatKATO:
-		result = uint64(c.kato / time.Millisecond)
+		kato := c.kato
+		if dflt {
+			kato = c.connKATO
+		}
+		result = uint64(kato / time.Millisecond)
 	case fid == FeatTempThreshold && !c.disc:
 		if th := c.tempThresholdLocked(cmd.CDW(11), false); th != nil {
 			result = uint64(*th)
+			if dflt {
+				result = 0
+				if th == &c.tempOver {
+					result = tempOverDefault
+				}
+			}
 		} else {
 			err = fail(StatusInvalidField, "Temperature Threshold 0x%08x: a sensor or threshold type this controller does not have",
 				cmd.CDW(11))

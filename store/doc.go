@@ -152,10 +152,15 @@
 // of the value log, of every memtable WAL, oldest first, and of the
 // directory, then db.Sync: badger v4.9.6's db.Sync covers only the mutable
 // memtable's WAL and never syncs its directory; a newer WAL synced first
-// could keep a later transaction without an earlier one). So a map entry
+// could keep a later transaction without an earlier one). Each of a
+// commit's transactions but the last is made durable (db.Sync) before
+// the next metadata transaction, the commit's or a catalog change's, is
+// written: the WALs are mapped files the kernel may write back in any
+// order, a newer one before an older one's last pages. So a map entry
 // never becomes durable before the data it points at, no change is ever
 // durable in part, what survives a commit cut short is a prefix of it
-// (TestWALOrderPowerCut), and a flushed or FUA write survives kill -9 and
+// (TestWALOrderPowerCut, TestWALWritebackPowerCut), and a flushed or FUA
+// write survives kill -9 and
 // power loss (cmd/e2e's TestCrashConsistency kills rtarget; TestPowerLoss
 // shuts its file system down as a power cut would, losing what was not
 // synced). A failed sync (of the data files or of the

@@ -208,6 +208,9 @@ func (b *thinBackend) transact(grows bool, fn func(txn *badger.Txn) error) error
 	} else {
 		b.pool.space.beforeMeta()
 	}
+	if err := b.syncBeforeTxn(); err != nil {
+		return b.fail(err)
+	}
 	if err := b.db.Update(fn); err != nil {
 		return err
 	}
@@ -639,6 +642,10 @@ func (b *thinBackend) metaStep(fn func(txn *badger.Txn, drop func(p uint64) erro
 	b.metaMu.Lock()
 	b.pool.space.beforeMeta()
 	var freed []uint64
+	if err := b.syncBeforeTxn(); err != nil {
+		b.metaMu.Unlock()
+		return b.fail(err)
+	}
 	err := b.db.Update(func(txn *badger.Txn) error {
 		drop := func(p uint64) error {
 			if p == 0 {

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,8 +13,13 @@ import (
 	"github.com/rnic-dev/rnic/internal/loopfs"
 )
 
-// walOrderChildEnv names the mount point of TestWALOrderPowerCut's child.
-const walOrderChildEnv = "STORE_WAL_ORDER_CHILD_MNT"
+// walOrderChildEnv names the mount point of TestWALOrderPowerCut's child;
+// with walOrderWritebackEnv set too, the child cuts the power where
+// TestWALWritebackPowerCut says.
+const (
+	walOrderChildEnv     = "STORE_WAL_ORDER_CHILD_MNT"
+	walOrderWritebackEnv = "STORE_WAL_ORDER_WRITEBACK"
+)
 
 // newestWAL returns the number of the newest memtable WAL (NNNNN.mem) in
 // the badger directory dir, -1 if there is none.
@@ -104,7 +110,7 @@ func TestWALOrderPowerCutChild(t *testing.T) {
 	if err := v.Trim(ctx, 0, 1); err != nil {
 		t.Fatal(err)
 	}
-	hook := func() {
+	cut := func() {
 		if newestWAL(t, meta) == before {
 			t.Error("the commit's transactions all went to one memtable: nothing tested")
 			return
@@ -115,7 +121,30 @@ func TestWALOrderPowerCutChild(t *testing.T) {
 		}
 		CrashNow()
 	}
-	b.walSyncedHook.Store(&hook)
+	if os.Getenv(walOrderWritebackEnv) != "" {
+		// The kernel writes back the newest WAL's pages (badger's WALs
+		// are mapped, and written back whenever the kernel likes) before
+		// the commit's metadata sync begins: the power is cut then.
+		hook := func() error {
+			path := filepath.Join(meta, fmt.Sprintf("%05d.mem", newestWAL(t, meta)))
+			f, err := os.OpenFile(path, os.O_RDWR, 0)
+			if err != nil {
+				t.Error(err)
+				return err
+			}
+			err = f.Sync()
+			f.Close()
+			if err != nil {
+				t.Error(err)
+				return err
+			}
+			cut()
+			return nil
+		}
+		b.syncMetaHook.Store(&hook)
+	} else {
+		b.walSyncedHook.Store(&cut)
+	}
 	if err := v.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -131,6 +160,19 @@ func TestWALOrderPowerCutChild(t *testing.T) {
 // snapshot with no delta entry keeping X, whose cluster the open then
 // frees as lost, and the snapshot reading zeros.
 func TestWALOrderPowerCut(t *testing.T) {
+	walOrderPowerCut(t)
+}
+
+// TestWALWritebackPowerCut: the same commit, cut by a power failure before
+// its metadata sync, once the kernel has written back the newest WAL (and
+// nothing of the older one) on its own. What survives must still be a
+// prefix of the commit.
+func TestWALWritebackPowerCut(t *testing.T) {
+	t.Setenv(walOrderWritebackEnv, "1")
+	walOrderPowerCut(t)
+}
+
+func walOrderPowerCut(t *testing.T) {
 	fs := loopfs.Ext4FS(t, 256<<20)
 	CrashChild(t, "TestWALOrderPowerCutChild", walOrderChildEnv, fs.Dir)
 	if err := fs.Remount(); err != nil {

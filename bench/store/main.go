@@ -1,13 +1,15 @@
 // Command store benchmarks the default store (thin) against the memory
 // store through the whole stack, fio's nbd engine -> rinit nbd -> rtarget,
-// with the targets of the store issue: the two systems interleaved in
-// every repetition, the same jobs, default flags.
+// with the targets of the store issue: the same jobs, default flags, the
+// two systems interleaved job by job (both stacks up, each job run on one
+// right after the other, which one first alternating), the file systems'
+// dirty data written back (sync) before each job.
 //
 //	go run ./bench/store                 # 3 repetitions, 5 s per job, ~8 minutes
 //	go run ./bench/store -reps 1 -runtime 3
 //	go run ./bench/store -dir /mnt/xfs -out bench/results/xfs   # the stores on another file system
 //
-// Scenarios, each on a new rtarget per system and repetition:
+// Scenarios, on a new rtarget per system and repetition:
 //
 //   - full: a 2 GiB volume written once in full (1 MiB sequential), then
 //     randread-4k-qd16, randwrite-4k-qd16, seqread-1m and seqwrite-1m over
@@ -150,86 +152,114 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	var results []Result
 	var snaps []Snapshot
 	var cow, plain []float64
-	systems := []string{"memory", "thin"}
 	for rep := range o.reps {
-		order := slices.Clone(systems)
-		if rep%2 == 1 {
-			slices.Reverse(order)
+		r, sn, c, p, err := repetition(ctx, bin, work, rep, o, log)
+		if err != nil {
+			return err
 		}
-		for _, sys := range order {
-			log.Info("repetition", "rep", rep, "system", sys)
-			st, err := startStack(ctx, bin, work, sys, rep, o)
-			if err != nil {
-				return fmt.Errorf("%s: %w", sys, err)
+		results, snaps = append(results, r...), append(snaps, sn...)
+		cow, plain = append(cow, c...), append(plain, p...)
+	}
+	return report(o, results, snaps, cow, plain)
+}
+
+// repetition runs every job once on each system, the two systems' stacks
+// up side by side and the job run on one right after the other (the
+// first system alternating by repetition and by job), so that both see
+// the host as it is at that moment; then the copy-on-write rounds on
+// thin. Before each job the file systems' dirty data is written back
+// (sync), so that no job pays for the writeback of the one before it.
+func repetition(ctx context.Context, bin, work string, rep int, o options, log *slog.Logger) (
+	results []Result, snaps []Snapshot, cow, plain []float64, err error) {
+	stacks := map[string]*stack{}
+	defer func() {
+		for _, st := range stacks {
+			st.stop()
+		}
+	}()
+	systems := []string{"memory", "thin"}
+	for _, sys := range systems {
+		st, err := startStack(ctx, bin, work, sys, rep, o)
+		if err != nil {
+			return nil, nil, nil, nil, fmt.Errorf("%s: %w", sys, err)
+		}
+		stacks[sys] = st
+	}
+	fail := func(sys string, err error) error {
+		return fmt.Errorf("%s: %w\n%s", sys, err, tail(stacks[sys].log))
+	}
+	for _, sys := range systems {
+		if _, err := fio(ctx, "bench/jobs/fill.fio", stacks[sys].uris["full"], o.fullSize, o, nil); err != nil {
+			return nil, nil, nil, nil, fail(sys, fmt.Errorf("fill: %w", err))
+		}
+	}
+	k := rep
+	for _, sc := range []struct {
+		name, vol, region string
+		jobs              []string
+	}{{"full", "full", o.fullSize, fullJobs}, {"fresh", "fresh", "64G", freshJobs}} {
+		for _, j := range sc.jobs {
+			order := slices.Clone(systems)
+			if k%2 == 1 {
+				slices.Reverse(order)
 			}
-			err = func() error {
-				defer st.stop()
-				if _, err := fio(ctx, "bench/jobs/fill.fio", st.uris["full"], o.fullSize, o, nil); err != nil {
-					return fmt.Errorf("fill: %w", err)
+			k++
+			for _, sys := range order {
+				st := stacks[sys]
+				unix.Sync()
+				cpu0 := st.cpu()
+				r, err := fio(ctx, "bench/jobs/"+j+".fio", st.uris[sc.vol], sc.region, o, nil)
+				if err != nil {
+					return nil, nil, nil, nil, fail(sys, err)
 				}
-				for _, sc := range []struct {
-					name, vol, region string
-					jobs              []string
-				}{{"full", "full", o.fullSize, fullJobs}, {"fresh", "fresh", "64G", freshJobs}} {
-					for _, j := range sc.jobs {
-						cpu0 := st.cpu()
-						r, err := fio(ctx, "bench/jobs/"+j+".fio", st.uris[sc.vol], sc.region, o, nil)
-						if err != nil {
-							return err
-						}
-						if ios := r.IOPS * float64(o.runtime+o.rmp); ios > 0 {
-							r.CPUus = (st.cpu() - cpu0).Seconds() * 1e6 / ios
-						}
-						r.System, r.Scenario, r.Job, r.Rep, r.HWMKiB = sys, sc.name, j, rep, hwm(st.rt)
-						log.Info("job", "system", sys, "scenario", sc.name, "job", j, "iops", int(r.IOPS), "MB/s", int(r.MBps))
-						results = append(results, r)
-						if sys == "thin" && sc.name == "full" && j == "randwrite-4k-qd16" {
-							// A snapshot right after random writes to the
-							// other volume (fresh is still empty: its
-							// snapshot changes nothing for its jobs).
-							sn, err := snapshot(st.data, "fresh", fmt.Sprintf("r%d", rep))
-							if err != nil {
-								return err
-							}
-							sn.Rep, sn.After = rep, "full randwrite-4k-qd16"
-							snaps = append(snaps, sn)
-						}
-					}
+				if ios := r.IOPS * float64(o.runtime+o.rmp); ios > 0 {
+					r.CPUus = (st.cpu() - cpu0).Seconds() * 1e6 / ios
 				}
-				if sys != "thin" {
-					return nil
-				}
-				for round := range o.cowRounds {
-					sn, err := snapshot(st.data, "full", fmt.Sprintf("s%d-%d", rep, round))
+				r.System, r.Scenario, r.Job, r.Rep, r.HWMKiB = sys, sc.name, j, rep, hwm(st.rt)
+				log.Info("job", "rep", rep, "system", sys, "scenario", sc.name, "job", j, "iops", int(r.IOPS), "MB/s", int(r.MBps))
+				results = append(results, r)
+				if sys == "thin" && sc.name == "full" && j == "randwrite-4k-qd16" {
+					// A snapshot right after random writes to the
+					// other volume (fresh is still empty: its
+					// snapshot changes nothing for its jobs).
+					sn, err := snapshot(st.data, "fresh", fmt.Sprintf("r%d", rep))
 					if err != nil {
-						return err
+						return nil, nil, nil, nil, fail(sys, err)
 					}
-					sn.Rep, sn.After = rep, "fresh seqwrite-1m"
-					if round > 0 {
-						sn.After = "cow writes to it"
-					}
+					sn.Rep, sn.After = rep, "full randwrite-4k-qd16"
 					snaps = append(snaps, sn)
-					// 256 MiB of the volume: 4096 clusters, one write each.
-					env := []string{"IO_SIZE=" + strconv.Itoa(4096*4096)}
-					rc, err := fio(ctx, "bench/store/jobs/cow-4k-qd16.fio", st.uris["full"], "256M", o, env)
-					if err != nil {
-						return err
-					}
-					rp, err := fio(ctx, "bench/store/jobs/cow-4k-qd16.fio", st.uris["full"], "256M", o, env)
-					if err != nil {
-						return err
-					}
-					cow, plain = append(cow, rc.IOPS), append(plain, rp.IOPS)
-					log.Info("copy on write", "snapshot_ms", sn.Ms, "fs_sync_ms", sn.SyncMs, "first_write_iops", int(rc.IOPS), "plain_iops", int(rp.IOPS))
 				}
-				return nil
-			}()
-			if err != nil {
-				return fmt.Errorf("%s: %w\n%s", sys, err, tail(st.log))
 			}
 		}
 	}
-	return report(o, results, snaps, cow, plain)
+	// The memory store's data goes before the copy-on-write rounds.
+	stacks["memory"].stop()
+	delete(stacks, "memory")
+	st := stacks["thin"]
+	for round := range o.cowRounds {
+		sn, err := snapshot(st.data, "full", fmt.Sprintf("s%d-%d", rep, round))
+		if err != nil {
+			return nil, nil, nil, nil, fail("thin", err)
+		}
+		sn.Rep, sn.After = rep, "fresh seqwrite-1m"
+		if round > 0 {
+			sn.After = "cow writes to it"
+		}
+		snaps = append(snaps, sn)
+		// 256 MiB of the volume: 4096 clusters, one write each.
+		env := []string{"IO_SIZE=" + strconv.Itoa(4096*4096)}
+		rc, err := fio(ctx, "bench/store/jobs/cow-4k-qd16.fio", st.uris["full"], "256M", o, env)
+		if err != nil {
+			return nil, nil, nil, nil, fail("thin", err)
+		}
+		rp, err := fio(ctx, "bench/store/jobs/cow-4k-qd16.fio", st.uris["full"], "256M", o, env)
+		if err != nil {
+			return nil, nil, nil, nil, fail("thin", err)
+		}
+		cow, plain = append(cow, rc.IOPS), append(plain, rp.IOPS)
+		log.Info("copy on write", "snapshot_ms", sn.Ms, "fs_sync_ms", sn.SyncMs, "first_write_iops", int(rc.IOPS), "plain_iops", int(rp.IOPS))
+	}
+	return results, snaps, cow, plain, nil
 }
 
 // startStack starts rtarget with the given store and volumes full and
@@ -380,8 +410,9 @@ func report(o options, results []Result, snaps []Snapshot, cow, plain []float64)
 	var b strings.Builder
 	fmt.Fprintf(&b, "# The default store (thin) against the memory store\n\n")
 	fmt.Fprintf(&b, "`go run ./bench/store -reps %d -runtime %d`, %s: fio (nbd engine) -> rinit nbd -> rtarget, default flags, "+
-		"the two systems interleaved in each of %d repetitions (a new rtarget each time); medians. Rates are IOPS (4K) or "+
-		"MB/s (1M). Target: thin >= 0.9x memory. The stores' file system: %s.\n\n", o.reps, o.runtime,
+		"%d repetitions, each with a new rtarget per system, both up side by side and each job run on one right after the "+
+		"other (which one first alternating), the dirty data of the file systems written back (sync) before each job; "+
+		"medians. Rates are IOPS (4K) or MB/s (1M). Target: thin >= 0.9x memory. The stores' file system: %s.\n\n", o.reps, o.runtime,
 		time.Now().UTC().Format("2006-01-02"), o.reps, fsName(o.dir))
 	if o.steadyMemory {
 		fmt.Fprintf(&b, "With `-steady-memory` (the default): the VM's free page reporting stopped for the run and its free "+

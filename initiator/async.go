@@ -167,9 +167,10 @@ func (c *Client) startAsync(a *asyncReq) bool {
 	return true
 }
 
-// completeAsync ends an exchange started by startAsync (from finish): the
-// slot is free again before the Completion runs.
-func (sl *slot) completeAsync() {
+// completeAsync ends an exchange started by startAsync, from finish
+// (fromFinish: in the handler, or in stop), or from start when it finished
+// while start ran: the slot is free again before the Completion runs.
+func (sl *slot) completeAsync(fromFinish bool) {
 	q := sl.q
 	a := sl.areq
 	sl.async, sl.areq, sl.p = false, asyncReq{}, nil
@@ -185,7 +186,7 @@ func (sl *slot) completeAsync() {
 		return
 	}
 	if f := a.cpl.Complete(err); f != nil {
-		if q.handling {
+		if fromFinish && q.handling {
 			q.addFlusher(f)
 		} else {
 			f.Flush()

@@ -72,6 +72,11 @@ type conn struct {
 	// before dead is closed, read only after.
 	cause   error
 	stopped chan struct{} // closed when stop has failed the exchanges in flight
+
+	// startHook, when set (by tests only, before the QP carries a
+	// request), runs in slot.start once the exchange is visible to the
+	// handler and to stop.
+	startHook func()
 }
 
 // atomSlot is one atomic operation's result word and completion.

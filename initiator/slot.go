@@ -71,6 +71,13 @@ type slot struct {
 	// handler completes it on the spot instead of waking a waiting caller.
 	async bool
 	areq  asyncReq
+	// starting is 1 while start runs, 2 once an async exchange finished
+	// meanwhile (the QP died under it): finish then leaves the completion
+	// to start, which runs it as it returns. Completing frees the slot,
+	// and another request may take it at once; start still reads the
+	// slot's fields, and its dead-QP clean-up must not land on that
+	// request (TestStartAsyncSlotKeptWhileStarting).
+	starting atomic.Int32
 
 	// Result, written by the handler before done is signalled.
 	status blockproto.Status
@@ -186,10 +193,15 @@ func (sl *slot) start() error {
 		sl.sge[0] = sl.command(sl.op, 0)
 		sl.wrs[0] = rnic.SendWR{Op: rnic.WRSend, Unsignaled: true, SGL: sl.sge[:1]}
 	}
+	sl.starting.Store(1)
 	sl.state.Store(state)
+	if h := q.startHook; h != nil {
+		h()
+	}
 	if q.isDead() && sl.state.CompareAndSwap(state, slotIdle) {
 		// Cleared before the slot is free: from then on another request
 		// may own it, and its caller must not write it any more.
+		sl.starting.Store(0)
 		sl.p, sl.async, sl.areq = nil, false, asyncReq{}
 		q.free <- sl.idx
 		return q.cause
@@ -211,6 +223,11 @@ func (sl *slot) start() error {
 			q.s.c.log.Warn("posting a command failed: resetting the QP", "err", err)
 		}
 		q.Reset()
+	}
+	if !sl.starting.CompareAndSwap(1, 0) {
+		// The exchange finished while start ran: its completion is ours.
+		sl.starting.Store(0)
+		sl.completeAsync(false)
 	}
 	return nil
 }
@@ -236,7 +253,9 @@ type result struct {
 func (sl *slot) finish() {
 	if sl.state.CompareAndSwap(slotInflight, slotDone) || sl.state.CompareAndSwap(slotMapped, slotDone) {
 		if sl.async {
-			sl.completeAsync()
+			if !sl.starting.CompareAndSwap(1, 2) { // else start completes it
+				sl.completeAsync(true)
+			}
 			return
 		}
 		sl.done <- struct{}{}

@@ -25,19 +25,7 @@ import (
 func TestStartAsyncOnDeadQP(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	addr, secret := startTarget(t, ctx, quiet)
-	c, err := Connect(ctx, Config{Addr: addr, Volume: "v", Initiator: "g", Secret: secret, Logger: quiet,
-		QPs: 1, QueueDepth: 1, NoReconnect: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s, err := c.current(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := s.qps[0]
+	c, s, q := oneSlotClient(t, ctx)
 
 	// Hold the QP's handler in a Completion, then kill the QP.
 	entered, release := make(chan struct{}), make(chan struct{})
@@ -79,4 +67,67 @@ func TestStartAsyncOnDeadQP(t *testing.T) {
 	if !q.idle() {
 		t.Fatalf("the dead QP's slot is not free: %d of %d", len(q.free), len(q.slots))
 	}
+}
+
+// TestStartAsyncSlotKeptWhileStarting: a request's QP dies while start
+// is between making the exchange visible and checking the QP, and stop
+// fails the exchange at once. Its completion frees the slot, and another
+// request may take it; start, still running, reads the slot's fields and,
+// on a dead QP, hands the slot back a second time over that request. The
+// slot must stay the starting request's until start returns: the
+// completion runs then, and the request still gets its answer.
+func TestStartAsyncSlotKeptWhileStarting(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, _, q := oneSlotClient(t, ctx)
+
+	var once sync.Once
+	freeWhileStarting := false
+	q.startHook = func() {
+		once.Do(func() {
+			q.die(fmt.Errorf("%w: test: QP killed", errConnLost))
+			<-q.stopped // the exchange was failed
+			select {
+			case i := <-q.free:
+				freeWhileStarting = true
+				q.free <- i
+			default:
+			}
+		})
+	}
+	done := make(chan error, 1)
+	c.StartRead(ctx, make([]byte, 4096), 0, CompletionFunc(func(err error) { done <- err }))
+	if freeWhileStarting {
+		t.Error("the slot was free for another request while start still used it")
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("a read on a QP that died (no reconnect) succeeded")
+		}
+	case <-ctx.Done():
+		t.Fatal("the request was never completed")
+	}
+	if len(q.free) != len(q.slots) {
+		t.Fatalf("%d of %d slots free after the request completed", len(q.free), len(q.slots))
+	}
+}
+
+// oneSlotClient connects a client with one QP of one slot, which does not
+// reconnect, to a new target; it is closed when the test ends.
+func oneSlotClient(t *testing.T, ctx context.Context) (*Client, *session, *conn) {
+	t.Helper()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	addr, secret := startTarget(t, ctx, quiet)
+	c, err := Connect(ctx, Config{Addr: addr, Volume: "v", Initiator: "g", Secret: secret, Logger: quiet,
+		QPs: 1, QueueDepth: 1, NoReconnect: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s, err := c.current(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, s, s.qps[0]
 }

@@ -411,8 +411,14 @@ func (c *conn) abortWith(ev EventType) {
 }
 
 // lastTerminateWait bounds how long a reset waits for the transmitter to
-// send the pending Terminate (awaitTerminate).
-const lastTerminateWait = 10 * time.Millisecond
+// send the pending Terminate (awaitTerminate). Mostly that is the time for
+// the transmit goroutine to be scheduled, which on a loaded machine can
+// take longer than the write: at 10 ms, `go test -race ./...` on 2 CPUs
+// once reset a stream before its Terminate went out
+// (TestTerminateSentWhenDestroyedAtError/direct/4: the peer read "connection
+// reset by peer"). Only a peer that does not drain its socket makes a
+// reset wait this long.
+const lastTerminateWait = 250 * time.Millisecond
 
 // awaitTerminate is the attempt to send the pending Terminate that the
 // Terminate state requires ("The RNIC MUST attempt to send the RDMAP

@@ -668,7 +668,7 @@ func (b *thinBackend) syncWALsLocked() error {
 	if err := b.db.Sync(); err != nil {
 		return fmt.Errorf("badger sync: %w", err)
 	}
-	b.walSyncedTo(upTo)
+	b.walSynced.Store(upTo) // syncs run one at a time, and chunks only grows
 	return nil
 }
 
@@ -687,13 +687,8 @@ func (b *thinBackend) syncNewestWAL() error {
 	if err := b.db.Sync(); err != nil {
 		return fmt.Errorf("badger sync: %w", err)
 	}
-	b.walSyncedTo(upTo)
+	b.walSynced.Store(upTo)
 	return nil
-}
-
-func (b *thinBackend) walSyncedTo(n uint64) {
-	for cur := b.walSynced.Load(); cur < n && !b.walSynced.CompareAndSwap(cur, n); cur = b.walSynced.Load() {
-	}
 }
 
 // syncBeforeTxn makes the transactions of batch commits written so far

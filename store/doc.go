@@ -99,7 +99,8 @@
 // cover (reads shared, writes and discards exclusively), which makes each
 // request atomic for concurrent ones. Reads of up to 64 KiB that the page
 // cache holds are made without the Go scheduler's system-call path
-// (pread.go).
+// (pread.go), and so are writes of up to 64 KiB when no other write is
+// under way on the same data file (pwrite.go).
 //
 // A write to an unallocated cluster allocates one (the lowest free one,
 // else past the high-water mark; whole clusters written together get a

@@ -16,11 +16,9 @@ import (
 // process had gone idle, wakes the runtime's monitor thread (sysmon):
 // through rinit, 4 KiB random reads at QD1 on a thin volume 6.3-7.5k ->
 // 8.6-9.8k IOPS, and rtarget's CPU at QD16 down 15 %. Only what the page
-// cache does not hold goes through unix.Pread, which may wait. Writes stay
-// scheduler-visible: ext4 offers no RWF_NOWAIT for buffered writes, and a
-// write may wait for the journal or for writeback (measured raw, rtarget
-// spent 25 % less CPU on 4 KiB random writes but served fewer of them at
-// QD16: a raw call holds its P while the kernel works).
+// cache does not hold goes through unix.Pread, which may wait. Writes have
+// no such test (ext4 offers no RWF_NOWAIT for buffered writes): pwrite.go
+// says how they are made raw all the same.
 
 // rawReadMax bounds the reads made raw: a raw call keeps its P while the
 // kernel copies, and for large reads the system call's cost is small next

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -50,6 +51,18 @@ type dataPool struct {
 	// that fsync.
 	syncHook    atomic.Pointer[func()]
 	dirSyncHook atomic.Pointer[func() error]
+
+	// Raw writes (pwrite.go): clock is the pool's time origin; until
+	// rawOffUntil (time since clock) writes are scheduler-visible, after a
+	// raw write took longer than rawStall (tests shorten it); rawStalls
+	// counts those, rawPause is the last pause; stallMu serializes their
+	// update.
+	clock       time.Time
+	rawOffUntil atomic.Int64
+	rawStall    time.Duration
+	rawStalls   atomic.Uint64
+	stallMu     sync.Mutex
+	rawPause    time.Duration
 }
 
 type dataFile struct {
@@ -63,6 +76,10 @@ type dataFile struct {
 	size   atomic.Int64
 	preEnd atomic.Int64
 	preMu  sync.Mutex
+
+	// writers counts the write and fallocate system calls under way on
+	// the file (pwrite.go).
+	writers atomic.Int32
 }
 
 // writebackBytes is how much data may be written into newly allocated
@@ -90,7 +107,8 @@ func newDataPool(dir string, cs, fileBytes int64, space *spaceGuard) *dataPool {
 	for int64(1)<<shift*cs < fileBytes {
 		shift++
 	}
-	return &dataPool{dir: dir, cs: cs, fileShift: shift, xfs: onXFS(dir), kick: make(chan struct{}, 1), space: space}
+	return &dataPool{dir: dir, cs: cs, fileShift: shift, xfs: onXFS(dir), kick: make(chan struct{}, 1), space: space,
+		clock: time.Now(), rawStall: rawStall}
 }
 
 func (p *dataPool) path(i int) string {
@@ -228,12 +246,13 @@ func (p *dataPool) pwrite(f *dataFile, src []byte, pos int64, c uint64) error {
 	// every page of the range already: a write makes no new folio then,
 	// and one call does it all.
 	whole := p.xfs || len(src) <= writeChunk || cached(f.fd, pos, int64(len(src)))
+	raw := len(src) <= rawWriteMax
 	for len(src) > 0 {
 		k := int64(len(src))
 		if !whole {
 			k = min(k, writeChunk-pos%writeChunk)
 		}
-		n, err := unix.Pwrite(f.fd, src[:k], pos)
+		n, err := p.writeCall(f, src[:k], pos, raw)
 		if err != nil {
 			if errors.Is(err, unix.EINTR) {
 				continue
@@ -300,7 +319,7 @@ func (p *dataPool) allocAhead(f *dataFile, pos, end int64) {
 	from := max(f.size.Load(), f.preEnd.Load())
 	to := min((end+preallocStep-1)/preallocStep*preallocStep, int64(1)<<p.fileShift*p.cs)
 	if above, err := p.space.refresh(); err == nil && above >= 2*preallocStep {
-		_ = unix.Fallocate(f.fd, unix.FALLOC_FL_KEEP_SIZE, from, to-from)
+		_ = f.fallocate(unix.FALLOC_FL_KEEP_SIZE, from, to-from)
 	}
 	f.preEnd.Store(to)
 }
@@ -363,13 +382,7 @@ func (p *dataPool) punch(c uint64, off, n int64) error {
 	if n > room {
 		return fmt.Errorf("punch of %d bytes at cluster %d crosses a data file: %w", n, c, ErrInvalid)
 	}
-	for {
-		err = unix.Fallocate(f.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, pos, n)
-		if !errors.Is(err, unix.EINTR) {
-			break
-		}
-	}
-	if err != nil {
+	if err := f.fallocate(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, pos, n); err != nil {
 		return fmt.Errorf("punch data file %d at %d (%d bytes): %w", c>>p.fileShift, pos, n, err)
 	}
 	f.dirty.Store(true)

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"sync"
@@ -393,4 +394,130 @@ func TestCached(t *testing.T) {
 	}
 	check("read again", 0, 64<<10, true)
 	check("read again and beyond", 0, 128<<10, false)
+}
+
+// TestRawWriteStall: a raw write that takes longer than rawStall makes the
+// pool's writes scheduler-visible for rawPause; writes larger than
+// rawWriteMax are never raw; data written either way reads back.
+func TestRawWriteStall(t *testing.T) {
+	_, v := openThinVol(t, "raw", 8<<20)
+	pool := thinOf(v).b.pool
+	ctx := context.Background()
+	write := func(lba uint64, n int, fill byte) {
+		t.Helper()
+		if err := v.WriteBlocks(ctx, lba, bytes.Repeat([]byte{fill}, n), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(0, BlockSize, 1) // allocates cluster 0 of the volume
+	write(0, BlockSize, 2) // in place, raw, under the default rawStall
+	if n := pool.rawStalls.Load(); n != 0 {
+		t.Fatalf("%d raw writes stalled at rawStall %v", n, pool.rawStall)
+	}
+	// Every write over 0 counts as stalled: the first raw one turns raw
+	// writes off, so the next is not raw and counts nothing.
+	pool.rawStall = 0
+	write(0, 2*BlockSize, 3)
+	if n := pool.rawStalls.Load(); n != 1 {
+		t.Fatalf("after a stalled raw write: %d stalls counted, want 1", n)
+	}
+	if off, now := time.Duration(pool.rawOffUntil.Load()), time.Since(pool.clock); off < now+rawPauseMin/2 {
+		t.Fatalf("raw writes off until %v, now %v: want about %v later", off, now, rawPauseMin)
+	}
+	write(1, BlockSize, 4)
+	if n := pool.rawStalls.Load(); n != 1 {
+		t.Fatalf("a write while raw writes are off was made raw: %d stalls", n)
+	}
+	pool.rawOffUntil.Store(0)
+	write(32, (2*rawWriteMax)/BlockSize*BlockSize, 5) // larger than rawWriteMax: never raw
+	if n := pool.rawStalls.Load(); n != 1 {
+		t.Fatalf("a write of %d bytes was made raw: %d stalls", 2*rawWriteMax, n)
+	}
+	want := append(append(bytes.Repeat([]byte{3}, BlockSize), bytes.Repeat([]byte{4}, BlockSize)...), make([]byte, 30*BlockSize)...)
+	want = append(want, bytes.Repeat([]byte{5}, 2*rawWriteMax)...)
+	got := make([]byte, len(want))
+	if err := v.ReadBlocks(ctx, 0, got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("data read back differs from what was written")
+	}
+}
+
+// TestRawPauseBackoff: each stall that comes within the last pause's
+// length after it ended doubles the pause, up to rawPauseMax; one that
+// comes later starts again from rawPauseMin.
+func TestRawPauseBackoff(t *testing.T) {
+	p := &dataPool{}
+	now := time.Hour
+	want := rawPauseMin
+	for range 12 {
+		p.rawStalled(now)
+		if p.rawPause != want {
+			t.Fatalf("stall at %v: pause %v, want %v", now, p.rawPause, want)
+		}
+		if off := time.Duration(p.rawOffUntil.Load()); off != now+want {
+			t.Fatalf("stall at %v: raw writes off until %v, want %v", now, off, now+want)
+		}
+		now += want + want/2 // half a pause after this one ends
+		want = min(2*want, rawPauseMax)
+	}
+	if want != rawPauseMax {
+		t.Fatalf("12 stalls in a row reached a pause of %v, not %v", want, rawPauseMax)
+	}
+	now += 3 * rawPauseMax
+	p.rawStalled(now)
+	if p.rawPause != rawPauseMin {
+		t.Fatalf("a stall long after the last pause: pause %v, want %v", p.rawPause, rawPauseMin)
+	}
+	if n := p.rawStalls.Load(); n != 13 {
+		t.Fatalf("%d stalls counted, want 13", n)
+	}
+}
+
+// TestConcurrentWritesAndPunches: writes and hole punches from many
+// goroutines into one data file (raw when alone, pwrite.go) leave every
+// block as its last writer left it.
+func TestConcurrentWritesAndPunches(t *testing.T) {
+	const workers, rounds, per = 8, 200, 16 // blocks per worker: one 64 KiB cluster
+	_, v := openThinVol(t, "wl", workers*per*BlockSize)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make([]error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			base := uint64(w * per)
+			for r := range rounds {
+				err := v.WriteBlocks(ctx, base+uint64(r%per), bytes.Repeat([]byte{byte(w + 1)}, BlockSize), false)
+				if err == nil && r%per == per-1 { // trim a block in the middle of the cluster: a hole punch
+					err = v.Trim(ctx, base+per/2, 1)
+				}
+				if err != nil {
+					errs[w] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, workers*per*BlockSize)
+	if err := v.ReadBlocks(ctx, 0, got); err != nil {
+		t.Fatal(err)
+	}
+	// The last trim (round 191) came after block per/2's last write (184)
+	// and every other block was written last after it or never trimmed.
+	for w := range workers {
+		for i := range per {
+			want := bytes.Repeat([]byte{byte(w + 1)}, BlockSize)
+			if i == per/2 {
+				want = make([]byte, BlockSize)
+			}
+			if blk := got[(w*per+i)*BlockSize:][:BlockSize]; !bytes.Equal(blk, want) {
+				t.Fatalf("worker %d block %d starts %#x, want %#x", w, i, blk[0], want[0])
+			}
+		}
+	}
 }

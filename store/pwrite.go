@@ -13,8 +13,8 @@ import (
 // bytes (the whole request's length) is made without telling the Go
 // scheduler (syscall.RawSyscall6), as the reads of cached data are
 // (pread.go), when no other write of this process is under way on the same
-// file (dataFile.writers counts them, hole punches and allocations ahead
-// included).
+// file (dataFile.writers counts them, hole punches, allocations ahead and
+// the write-outs of sync_file_range and fdatasync included).
 //
 // Why raw: a scheduler-visible system call costs its entry and exit, and
 // one the runtime's monitor thread (sysmon) finds still running at its
@@ -25,8 +25,9 @@ import (
 //
 // Why alone: a buffered write holds the file's inode lock (i_rwsem,
 // exclusive, on ext4 and XFS alike) for its whole length, as fallocate
-// does. A raw write that met another of ours in the kernel would sleep
-// there holding its P; under contention the kernel's lock, which spins
+// does, and a write-out allocating the blocks of new data holds ext4's
+// i_data_sem, which a write into new space takes too. A raw write that met
+// one of ours in the kernel would sleep there holding its P; under contention the kernel's lock, which spins
 // on a running owner, also hands over faster than a Go mutex. And a raw
 // write that stalls anyway (rawStall: the kernel throttling a writer of
 // too many dirty pages, a journal commit, reclaim, or just a busy CPU)

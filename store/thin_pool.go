@@ -77,8 +77,8 @@ type dataFile struct {
 	preEnd atomic.Int64
 	preMu  sync.Mutex
 
-	// writers counts the write and fallocate system calls under way on
-	// the file (pwrite.go).
+	// writers counts the write, fallocate, sync_file_range and fdatasync
+	// system calls under way on the file (pwrite.go).
 	writers atomic.Int32
 }
 
@@ -281,7 +281,9 @@ func (p *dataPool) writeback(ctx context.Context) {
 			if f != nil && f.dirty.Load() {
 				// An error here only means the pages wait for the next
 				// fdatasync, which reports it.
+				f.writers.Add(1) // see pwrite.go
 				_ = unix.SyncFileRange(f.fd, 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+				f.writers.Add(-1)
 			}
 		}
 	}
@@ -428,7 +430,10 @@ func (p *dataPool) sync() (bool, error) {
 			continue
 		}
 		synced = true
-		if err := unix.Fdatasync(f.fd); err != nil {
+		f.writers.Add(1) // see pwrite.go
+		err := unix.Fdatasync(f.fd)
+		f.writers.Add(-1)
+		if err != nil {
 			f.dirty.Store(true)
 			return synced, fmt.Errorf("fdatasync data file %d: %w", i, err)
 		}

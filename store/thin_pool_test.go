@@ -397,8 +397,9 @@ func TestCached(t *testing.T) {
 }
 
 // TestRawWriteStall: a raw write that takes longer than rawStall makes the
-// pool's writes scheduler-visible for rawPause; writes larger than
-// rawWriteMax are never raw; data written either way reads back.
+// pool's writes scheduler-visible for rawPauseMin; writes larger than
+// rawWriteMax, or made while another is under way on the file, are never
+// raw; data written either way reads back.
 func TestRawWriteStall(t *testing.T) {
 	_, v := openThinVol(t, "raw", 8<<20)
 	pool := thinOf(v).b.pool
@@ -417,6 +418,15 @@ func TestRawWriteStall(t *testing.T) {
 	// Every write over 0 counts as stalled: the first raw one turns raw
 	// writes off, so the next is not raw and counts nothing.
 	pool.rawStall = 0
+	// While another write (or a write-out) of the file is under way, none
+	// is made raw.
+	f := pool.openFiles()[0]
+	f.writers.Add(1)
+	write(0, 2*BlockSize, 6)
+	f.writers.Add(-1)
+	if n := pool.rawStalls.Load(); n != 0 {
+		t.Fatalf("a write made while another was under way was made raw: %d stalls", n)
+	}
 	write(0, 2*BlockSize, 3)
 	if n := pool.rawStalls.Load(); n != 1 {
 		t.Fatalf("after a stalled raw write: %d stalls counted, want 1", n)

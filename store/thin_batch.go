@@ -118,6 +118,9 @@ func (b *thinBackend) commit() error {
 		freed = append(freed, f...)
 		ops = ops[n:]
 		if len(ops) > 0 {
+			if h := b.chunkHook.Load(); h != nil {
+				(*h)()
+			}
 			// Durable before the next transaction, this one's or a
 			// catalog change's, is written (syncBeforeTxn).
 			if err := b.syncNewestWAL(); err != nil {

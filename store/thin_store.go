@@ -71,6 +71,9 @@ type thinBackend struct {
 	// walSyncedHook, when set (by tests only), runs in syncMeta once
 	// db.Sync has made the newest memtable's WAL durable.
 	walSyncedHook atomic.Pointer[func()]
+	// chunkHook, when set (by tests only), runs in a batch commit between
+	// two of its transactions, metaMu free, before the first one's sync.
+	chunkHook atomic.Pointer[func()]
 	// metaMu serializes the transactions that change metadata: commits of
 	// the write batch and catalog changes. Order: volsMu, then a volume's
 	// ioLock, then metaMu.

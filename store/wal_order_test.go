@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dgraph-io/badger/v4"
 	"github.com/rnic-dev/rnic/internal/loopfs"
 )
 
@@ -40,6 +41,25 @@ func newestWAL(t *testing.T, dir string) int {
 	return newest
 }
 
+// openChunked makes the commit transactions of thin store st take chunk
+// batch ops each, and creates and opens volume v (64 MiB) in it.
+func openChunked(t *testing.T, st Store, chunk int) (*thinBackend, Volume) {
+	t.Helper()
+	b := st.(*volumeStore).be.(*thinBackend)
+	b.metaMu.Lock()
+	b.commitChunk = chunk
+	b.metaMu.Unlock()
+	ctx := context.Background()
+	if _, err := st.CreateVolume(ctx, "v", 64<<20, CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := st.OpenVolume(ctx, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, v
+}
+
 // TestWALOrderPowerCutChild: the child of TestWALOrderPowerCut. Block 0 of
 // volume v holds X (written with FUA), then snapshot s is taken. The
 // metadata's memtable is filled (volume attributes) to within one such
@@ -58,18 +78,8 @@ func TestWALOrderPowerCutChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := st.(*volumeStore).be.(*thinBackend)
-	b.metaMu.Lock()
-	b.commitChunk = 256
-	b.metaMu.Unlock()
+	b, v := openChunked(t, st, 256)
 	ctx := context.Background()
-	if _, err := st.CreateVolume(ctx, "v", 64<<20, CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	v, err := st.OpenVolume(ctx, "v")
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := v.WriteBlocks(ctx, 0, bytes.Repeat([]byte{'X'}, BlockSize), true); err != nil {
 		t.Fatal(err)
 	}
@@ -198,4 +208,57 @@ func walOrderPowerCut(t *testing.T) {
 		t.Errorf("snapshot s block 0 reads %q..., want X: its data was lost", got[:8])
 	}
 	CheckThin(t, st)
+}
+
+// TestCatalogTxnAfterCommitTxnDurable: a catalog change that comes between
+// two transactions of a batch commit is written only once the commit's
+// transactions before it are durable (syncBeforeTxn in transact), for
+// whatever it computes may rest on them. The change runs in the window the
+// commit leaves between a transaction and its sync.
+func TestCatalogTxnAfterCommitTxnDurable(t *testing.T) {
+	st, err := OpenThin(t.TempDir(), ThinOptions{ClusterSize: BlockSize, CommitInterval: 1 << 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	b, v := openChunked(t, st, 64)
+	defer v.Close()
+	ctx := context.Background()
+	for c := range uint64(256) { // 256 new clusters: a commit of several transactions
+		if err := v.WriteBlocks(ctx, c, bytes.Repeat([]byte{'A'}, BlockSize), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var (
+		ran                  int
+		written, durableAt   uint64
+		beforeChunks, synced uint64
+	)
+	hook := func() {
+		if ran++; ran > 1 {
+			return
+		}
+		beforeChunks, synced = b.chunks.Load(), b.walSynced.Load()
+		err := b.update(func(txn *badger.Txn) error {
+			written, durableAt = b.chunks.Load(), b.walSynced.Load()
+			return txn.Set([]byte("\xfftest"), []byte("catalog change"))
+		})
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	b.chunkHook.Store(&hook)
+	if err := v.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.chunkHook.Store(nil)
+	if ran == 0 {
+		t.Fatal("the commit was one transaction: no window between two")
+	}
+	if synced >= beforeChunks {
+		t.Fatalf("the commit's first transaction was durable (walSynced %d, chunks %d) before the window: nothing tested", synced, beforeChunks)
+	}
+	if durableAt < written {
+		t.Fatalf("a catalog transaction was written while commit transactions %d..%d were not yet durable", durableAt+1, written)
+	}
 }

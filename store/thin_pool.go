@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,12 @@ type dataPool struct {
 
 	mu    sync.Mutex
 	files []*dataFile // by index; nil until opened
+	// opened is a copy of files, replaced under mu whenever a file is
+	// opened or the pool closed: every read and write looks its file up
+	// here without taking mu, which a mutex shared by all the I/O of the
+	// store would make a point of contention (2 % of the CPU of 4 KiB
+	// reads in BenchmarkStoreVsFile).
+	opened atomic.Pointer[[]*dataFile]
 
 	// unflushed counts the bytes written into new clusters since the last
 	// writeback was started; past writebackBytes, writeNew kicks the
@@ -117,6 +124,9 @@ func (p *dataPool) path(i int) string {
 
 // file returns data file i, opening (creating) it on first use.
 func (p *dataPool) file(i int) (*dataFile, error) {
+	if fs := p.opened.Load(); fs != nil && i < len(*fs) && (*fs)[i] != nil {
+		return (*fs)[i], nil
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for len(p.files) <= i {
@@ -143,6 +153,8 @@ func (p *dataPool) file(i int) (*dataFile, error) {
 	f := &dataFile{fd: fd}
 	f.size.Store(st.Size)
 	p.files[i] = f
+	fs := slices.Clone(p.files)
+	p.opened.Store(&fs)
 	return f, nil
 }
 
@@ -521,5 +533,6 @@ func (p *dataPool) close() error {
 		}
 	}
 	p.files = nil
+	p.opened.Store(nil)
 	return errors.Join(errs...)
 }

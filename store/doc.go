@@ -293,7 +293,10 @@
 // one (N concurrent FUA writes cost about two), and Store.Sync and the
 // close of its last handle sync what it was written since. After an
 // fdatasync failed, it refuses writes and flushes until the store is
-// reopened, as the thin store does after a failed sync of its own.
+// reopened, as the thin store does after a failed sync of its own. Its
+// writes of up to 64 KiB are made without the Go scheduler when nothing
+// else of ours is under way on the file, as the data files' are
+// (pwrite.go).
 //
 // # Integrity
 //

@@ -531,3 +531,86 @@ func TestConcurrentWritesAndPunches(t *testing.T) {
 		}
 	}
 }
+
+// TestRawVolumeRawWrites: a raw volume's small writes are made raw (past
+// the Go scheduler, pwrite.go) only when nothing else of ours is under way
+// on its file, share the pool's pause after a stall, and its hole punches
+// and fdatasyncs count as under way while they run.
+func TestRawVolumeRawWrites(t *testing.T) {
+	dir := t.TempDir()
+	img := filepath.Join(dir, "img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	st, err := OpenThin(filepath.Join(dir, "store"), ThinOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ctx := context.Background()
+	if _, err := st.CreateVolume(ctx, "r", 0, CreateOptions{Raw: img}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := st.OpenVolume(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { v.Close() })
+	d := v.(*volume).dev.(*rawDevice)
+	pool := d.b.pool
+	write := func(lba uint64, n int, fill byte) {
+		t.Helper()
+		if err := v.WriteBlocks(ctx, lba, bytes.Repeat([]byte{fill}, n), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pool.rawStall = 0 // every raw write counts as stalled
+	d.writers.Add(1)
+	write(0, BlockSize, 1)
+	d.writers.Add(-1)
+	if n := pool.rawStalls.Load(); n != 0 {
+		t.Fatalf("a write made while another was under way was made raw: %d stalls", n)
+	}
+	write(0, 2*BlockSize, 2)
+	if n := pool.rawStalls.Load(); n != 1 {
+		t.Fatalf("a write made alone: %d stalls counted, want 1 (it was not made raw)", n)
+	}
+	write(2, BlockSize, 3) // raw writes paused by the stall
+	if n := pool.rawStalls.Load(); n != 1 {
+		t.Fatalf("a write while raw writes are off was made raw: %d stalls", n)
+	}
+	pool.rawOffUntil.Store(0)
+	write(16, 2*rawWriteMax, 4) // larger than rawWriteMax: never raw
+	if n := pool.rawStalls.Load(); n != 1 {
+		t.Fatalf("a write of %d bytes was made raw: %d stalls", 2*rawWriteMax, n)
+	}
+	if err := v.Trim(ctx, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := d.writers.Load(); n != 0 {
+		t.Fatalf("%d writes counted under way after the writes, trim and flush returned", n)
+	}
+	want := append(append(append(bytes.Repeat([]byte{2}, BlockSize), make([]byte, BlockSize)...),
+		bytes.Repeat([]byte{3}, BlockSize)...), make([]byte, 13*BlockSize)...)
+	want = append(want, bytes.Repeat([]byte{4}, 2*rawWriteMax)...)
+	got, err := os.ReadFile(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[:len(want)], want) {
+		t.Fatal("the image file holds other data than was written")
+	}
+	back := make([]byte, len(want))
+	if err := v.ReadBlocks(ctx, 0, back); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(back, want) {
+		t.Fatal("data read back differs from what was written")
+	}
+}

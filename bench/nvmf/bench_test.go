@@ -14,7 +14,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -23,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rnic-dev/rnic/internal/gobuild"
 	"github.com/rnic-dev/rnic/internal/linuxvm"
 )
 
@@ -133,9 +133,7 @@ func TestNVMfBench(t *testing.T) {
 		}
 	}
 	share := t.TempDir()
-	build := exec.Command("go", "build", "-o", filepath.Join(share, "rtarget"), "github.com/rnic-dev/rnic/cmd/rtarget")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := build.CombinedOutput(); err != nil {
+	if b, err := gobuild.Build([]string{"CGO_ENABLED=0"}, "-o", filepath.Join(share, "rtarget"), "github.com/rnic-dev/rnic/cmd/rtarget"); err != nil {
 		t.Fatalf("static rtarget: %v\n%s", err, b)
 	}
 	os.MkdirAll(filepath.Join(share, "jobs"), 0o755)

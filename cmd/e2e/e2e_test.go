@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/rnic-dev/rnic/internal/childproc"
+	"github.com/rnic-dev/rnic/internal/gobuild"
 )
 
 var (
@@ -42,9 +43,9 @@ func bins(t *testing.T) (rtarget, rinit string) {
 		if buildErr != nil {
 			return
 		}
-		out, err := exec.Command("go", "build", "-o", binDir, "github.com/rnic-dev/rnic/cmd/rtarget", "github.com/rnic-dev/rnic/cmd/rinit").CombinedOutput()
+		out, err := gobuild.Build(nil, "-o", binDir, "github.com/rnic-dev/rnic/cmd/rtarget", "github.com/rnic-dev/rnic/cmd/rinit")
 		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+			buildErr = fmt.Errorf("%w\n%s", err, out)
 		}
 	})
 	if buildErr != nil {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/rnic-dev/rnic/internal/cephtest"
+	"github.com/rnic-dev/rnic/internal/gobuild"
 )
 
 var cephConf string
@@ -41,10 +42,9 @@ func cephTarget(t *testing.T) string {
 	bins(t)
 	cephBuildOnce.Do(func() {
 		cephBin = filepath.Join(binDir, "rtarget-ceph")
-		out, err := exec.Command("go", "build", "-tags", "ceph,pacific", "-o", cephBin,
-			"github.com/rnic-dev/rnic/cmd/rtarget").CombinedOutput()
+		out, err := gobuild.Build(nil, "-tags", "ceph,pacific", "-o", cephBin, "github.com/rnic-dev/rnic/cmd/rtarget")
 		if err != nil {
-			cephBuildErr = fmt.Errorf("go build -tags ceph,pacific: %v\n%s", err, out)
+			cephBuildErr = fmt.Errorf("%w\n%s", err, out)
 		}
 	})
 	if cephBuildErr != nil {

@@ -3,13 +3,12 @@ package e2e
 import (
 	"context"
 	"net"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/rnic-dev/rnic/internal/gobuild"
 	"github.com/rnic-dev/rnic/internal/linuxvm"
 )
 
@@ -48,9 +47,7 @@ func TestKernelNBD(t *testing.T) {
 	cache := linuxvm.TestCache(t)
 	rt, ri := bins(t)
 	share := t.TempDir()
-	build := exec.Command("go", "build", "-o", filepath.Join(share, "rinit"), "github.com/rnic-dev/rnic/cmd/rinit")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
+	if out, err := gobuild.Build([]string{"CGO_ENABLED=0"}, "-o", filepath.Join(share, "rinit"), "github.com/rnic-dev/rnic/cmd/rinit"); err != nil {
 		t.Fatalf("static rinit: %v\n%s", err, out)
 	}
 	targetAddr, nbdAddr := freePort(t), freePort(t)

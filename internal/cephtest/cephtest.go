@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rnic-dev/rnic/internal/gobuild"
 	"github.com/rnic-dev/rnic/internal/rbd"
 )
 
@@ -27,22 +28,7 @@ const Pool = "rbd"
 
 // RepoRoot is the directory of the module's go.mod, found from the
 // working directory (a package's directory under go test).
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("cephtest: go.mod not found above the working directory")
-		}
-		dir = parent
-	}
-}
+func RepoRoot() (string, error) { return gobuild.ModuleRoot() }
 
 // Start returns the config file of a running cluster and a function that
 // stops it (a no-op for the cluster of RNIC_CEPH_CONF).

@@ -455,11 +455,16 @@ func rawWriteSequence(t *testing.T, pool *dataPool, writers *atomic.Int32, write
 	write(0, 2*BlockSize, 6)
 	writers.Add(-1)
 	stalls(0, "a write made while another was under way")
+	before := time.Since(pool.clock)
 	write(0, 2*BlockSize, 3)
+	after := time.Since(pool.clock)
 	stalls(1, "a write made alone (raw, stalled)")
-	if off, now := time.Duration(pool.rawOffUntil.Load()), time.Since(pool.clock); off < now+rawPauseMin/2 {
-		t.Fatalf("raw writes off until %v, now %v: want about %v later", off, now, rawPauseMin)
+	// The stall ended between before and after: the pause runs from there.
+	if off := time.Duration(pool.rawOffUntil.Load()); off < before+rawPauseMin || off > after+rawPauseMin {
+		t.Fatalf("raw writes off until %v after a stall between %v and %v: want %v after it", off, before, after, rawPauseMin)
 	}
+	// However slow the machine, the pause lasts until the next write.
+	pool.rawOffUntil.Store(int64(time.Since(pool.clock) + time.Hour))
 	write(1, BlockSize, 4)
 	stalls(1, "a write while raw writes are off")
 	pool.rawOffUntil.Store(0)

@@ -56,6 +56,7 @@ var layers = []layer{
 	{pkg: "internal/cephtest", rank: 3, rdmaFree: true, testOnly: true}, // a Ceph cluster for rbd's tests
 	{pkg: "internal/linuxvm", rank: 0, rdmaFree: true, testOnly: true},  // builds and boots the Linux peer VM: nothing of RDMA
 	{pkg: "internal/loopfs", rank: 0, rdmaFree: true, testOnly: true},   // a small file system of a test's own
+	{pkg: "internal/gobuild", rank: 0, rdmaFree: true},                  // go build of the commands for tests that run them as processes
 	{pkg: "internal/vmmem", rank: 0, rdmaFree: true},                    // a VM's memory as a long-running host's, for benchmarks
 	{pkg: "internal/sockio", rank: 0, rdmaFree: true},                   // the data path's socket system calls (rnic, initiator/nbd)
 	{pkg: "internal/childproc", rank: 0, rdmaFree: true},                // daemons that die with the test or runner that started them

@@ -227,11 +227,19 @@ func runServe(c *cli.Context, given []string) (err error) {
 	if err != nil {
 		return err
 	}
+	var sigs chan os.Signal // caught from when rtarget serves
 	defer func() {
 		// A store that does not close cleanly (its file system died) makes
 		// the exit status an error, as a failed sync does.
 		if cerr := st.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("close the store: %w", cerr))
+		}
+		// Signals are let go only now: one that came while rtarget
+		// stopped was logged and ignored (ignoreSignals), where its
+		// default action would have killed the process halfway through
+		// the store's close, with a signal's exit status.
+		if sigs != nil {
+			signal.Stop(sigs)
 		}
 	}()
 	if _, err := ensureVolumes(ctx, st, specs, log); err != nil {
@@ -273,9 +281,8 @@ func runServe(c *cli.Context, given []string) (err error) {
 		defer stop()
 		log.Info("metrics", "addr", ln.Addr().String())
 	}
-	sigs := make(chan os.Signal, 2)
+	sigs = make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
 	served := make(chan error, 1)
 	go func() { served <- t.Serve(ctx, native) }()
 	vols, err := st.ListVolumes(ctx)
@@ -308,6 +315,7 @@ func runServe(c *cli.Context, given []string) (err error) {
 				continue
 			}
 			log.Info("draining", "signal", sig.String(), "timeout", c.Duration("drain-timeout"))
+			go ignoreSignals(ctx, sigs, log)
 			dctx, cancel := context.WithTimeout(context.Background(), c.Duration("drain-timeout"))
 			var drainErr error
 			if nsrv != nil {
@@ -333,6 +341,23 @@ func runServe(c *cli.Context, given []string) (err error) {
 			}
 			log.Info("stopped: store synced")
 			return nil
+		}
+	}
+}
+
+// ignoreSignals logs and drops the signals that come while rtarget stops,
+// until ctx ends (after the store closed). A stop cannot be hurried: the
+// drain has its timeout, and the store's sync and close must finish for
+// the exit to be clean; SIGKILL stops at once, losing no write that a
+// flush acknowledged.
+func ignoreSignals(ctx context.Context, sigs <-chan os.Signal, log *slog.Logger) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case sig := <-sigs:
+			log.Warn("already stopping: signal ignored (SIGKILL stops at once, losing no flushed write)",
+				"signal", sig.String())
 		}
 	}
 }

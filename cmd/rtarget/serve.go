@@ -49,7 +49,8 @@ func serveCommand() *cli.Command {
 			"store. The list is the --volume flags (or RTARGET_VOLUME) plus the volume lines of --config, a name\n" +
 			"listed twice counting once (the first: the command line's, then the file's in order).\n" +
 			"SIGTERM or SIGINT drain requests in flight and sync the store; requests still in flight after\n" +
-			"--drain-timeout are cut off, and the exit status is then 1. SIGHUP re-reads the volume lines of\n" +
+			"--drain-timeout are cut off, and the exit status is then 1. A further signal while it stops is\n" +
+			"logged and ignored (SIGKILL stops at once). SIGHUP re-reads the volume lines of\n" +
 			"--config and creates the volumes newly listed. serve never resizes, recreates or deletes a volume.\n" +
 			"With --nvmf-listen, every volume is also served over NVMe/RDMA as namespace 1 of subsystem\n" +
 			"nqn.2026-11.dev.rnic:NAME, for the Linux kernel's nvme-rdma host (nvme discover / nvme connect -t rdma);\n" +

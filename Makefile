@@ -52,6 +52,10 @@ test: deps vet
 	# The engine and the initiator again without the race detector, three
 	# times: its slowdown hides timing-dependent failures (about 1.5 min).
 	$(GO) test -count=3 -timeout 20m ./rnic/... ./initiator/...
+	# The store and rtarget serve once without it: their raw system calls
+	# (pread.go) are made only there, the race detector's build takes the
+	# scheduler-visible path (about 1 min).
+	$(GO) test -count=1 -timeout 20m ./store/... ./cmd/rtarget
 	# The steady-state allocation test skips itself under -race (the
 	# detector allocates on its own): here it runs.
 	$(GO) test -count=1 -run '^TestNBDSteadyStateAllocs$$' ./cmd/rinit

@@ -99,8 +99,8 @@
 // cover (reads shared, writes and discards exclusively), which makes each
 // request atomic for concurrent ones. Reads of up to 64 KiB that the page
 // cache holds are made without the Go scheduler's system-call path
-// (pread.go), and so are writes of up to 64 KiB when no other write is
-// under way on the same data file (pwrite.go).
+// (pread.go); writes never are, since a write may wait in the kernel for
+// as long as the file system stays frozen (pwrite.go).
 //
 // A write to an unallocated cluster allocates one (the lowest free one,
 // else past the high-water mark; whole clusters written together get a
@@ -293,10 +293,7 @@
 // one (N concurrent FUA writes cost about two), and Store.Sync and the
 // close of its last handle sync what it was written since. After an
 // fdatasync failed, it refuses writes and flushes until the store is
-// reopened, as the thin store does after a failed sync of its own. Its
-// writes of up to 64 KiB are made without the Go scheduler when nothing
-// else of ours is under way on the file, as the data files' are
-// (pwrite.go).
+// reopened, as the thin store does after a failed sync of its own.
 //
 // # Integrity
 //

@@ -227,10 +227,6 @@ type rawDevice struct {
 	// thin store does the same for its own data files, thinBackend.fail).
 	// Reads go on.
 	failed atomic.Pointer[error]
-	// writers counts the writes, fallocates and fdatasyncs under way on
-	// the file: a write of at most rawWriteMax bytes made alone is made
-	// without the Go scheduler (pwrite.go).
-	writers atomic.Int32
 }
 
 // rawFailure is a raw volume's failed fdatasync, kept while no handle
@@ -344,9 +340,8 @@ func (d *rawDevice) tryWrite(lba uint64, src []byte) bool {
 // pwrite writes all of src at byte pos.
 func (d *rawDevice) pwrite(src []byte, pos int64) error {
 	defer d.written.Add(1) // also after a partial write
-	raw := len(src) <= rawWriteMax
 	for len(src) > 0 {
-		n, err := d.b.pool.writeFd(d.fd, &d.writers, src, pos, raw)
+		n, err := unix.Pwrite(d.fd, src, pos)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
@@ -377,12 +372,10 @@ func (d *rawDevice) discard(ctx context.Context, lba, count uint64, fua bool) er
 	}
 	l := d.lock(lba, count, true)
 	pos, n := int64(lba)*BlockSize, int64(count)*BlockSize
-	d.writers.Add(1)
 	err := unix.Fallocate(d.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, pos, n)
 	if err != nil && (errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTSUP)) {
 		err = d.writeZeros(pos, n)
 	}
-	d.writers.Add(-1)
 	d.written.Add(1)
 	l.unlock()
 	if err != nil {
@@ -412,14 +405,12 @@ func (d *rawDevice) zeroAllocated(ctx context.Context, lba, count uint64) error 
 	l := d.lock(lba, count, true)
 	pos, n := int64(lba)*BlockSize, int64(count)*BlockSize
 	var err error
-	d.writers.Add(1)
 	for {
 		err = unix.Fallocate(d.fd, unix.FALLOC_FL_ZERO_RANGE|unix.FALLOC_FL_KEEP_SIZE, pos, n)
 		if !errors.Is(err, unix.EINTR) {
 			break
 		}
 	}
-	d.writers.Add(-1)
 	d.written.Add(1)
 	l.unlock()
 	if err != nil && (errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTSUP)) {
@@ -465,10 +456,7 @@ func (d *rawDevice) syncRound() error {
 		return err
 	}
 	w := d.written.Load()
-	d.writers.Add(1)
-	err := d.b.rawSync(d.fd)
-	d.writers.Add(-1)
-	if err != nil {
+	if err := d.b.rawSync(d.fd); err != nil {
 		return d.fail(fmt.Errorf("raw fdatasync: %w", err))
 	}
 	d.synced.Store(w) // rounds run one at a time (d.syncs): w only grows

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -58,18 +57,6 @@ type dataPool struct {
 	// that fsync.
 	syncHook    atomic.Pointer[func()]
 	dirSyncHook atomic.Pointer[func() error]
-
-	// Raw writes (pwrite.go): clock is the pool's time origin; until
-	// rawOffUntil (time since clock) writes are scheduler-visible, after a
-	// raw write took longer than rawStall (tests shorten it); rawStalls
-	// counts those, rawPause is the last pause; stallMu serializes their
-	// update.
-	clock       time.Time
-	rawOffUntil atomic.Int64
-	rawStall    time.Duration
-	rawStalls   atomic.Uint64
-	stallMu     sync.Mutex
-	rawPause    time.Duration
 }
 
 type dataFile struct {
@@ -83,10 +70,6 @@ type dataFile struct {
 	size   atomic.Int64
 	preEnd atomic.Int64
 	preMu  sync.Mutex
-
-	// writers counts the write, fallocate, sync_file_range and fdatasync
-	// system calls under way on the file (pwrite.go).
-	writers atomic.Int32
 }
 
 // writebackBytes is how much data may be written into newly allocated
@@ -114,8 +97,7 @@ func newDataPool(dir string, cs, fileBytes int64, space *spaceGuard) *dataPool {
 	for int64(1)<<shift*cs < fileBytes {
 		shift++
 	}
-	return &dataPool{dir: dir, cs: cs, fileShift: shift, xfs: onXFS(dir), kick: make(chan struct{}, 1), space: space,
-		clock: time.Now(), rawStall: rawStall}
+	return &dataPool{dir: dir, cs: cs, fileShift: shift, xfs: onXFS(dir), kick: make(chan struct{}, 1), space: space}
 }
 
 func (p *dataPool) path(i int) string {
@@ -258,13 +240,12 @@ func (p *dataPool) pwrite(f *dataFile, src []byte, pos int64, c uint64) error {
 	// every page of the range already: a write makes no new folio then,
 	// and one call does it all.
 	whole := p.xfs || len(src) <= writeChunk || cached(f.fd, pos, int64(len(src)))
-	raw := len(src) <= rawWriteMax
 	for len(src) > 0 {
 		k := int64(len(src))
 		if !whole {
 			k = min(k, writeChunk-pos%writeChunk)
 		}
-		n, err := p.writeCall(f, src[:k], pos, raw)
+		n, err := unix.Pwrite(f.fd, src[:k], pos)
 		if err != nil {
 			if errors.Is(err, unix.EINTR) {
 				continue
@@ -293,9 +274,7 @@ func (p *dataPool) writeback(ctx context.Context) {
 			if f != nil && f.dirty.Load() {
 				// An error here only means the pages wait for the next
 				// fdatasync, which reports it.
-				f.writers.Add(1) // see pwrite.go
 				_ = unix.SyncFileRange(f.fd, 0, 0, unix.SYNC_FILE_RANGE_WRITE)
-				f.writers.Add(-1)
 			}
 		}
 	}
@@ -442,9 +421,7 @@ func (p *dataPool) sync() (bool, error) {
 			continue
 		}
 		synced = true
-		f.writers.Add(1) // see pwrite.go
 		err := unix.Fdatasync(f.fd)
-		f.writers.Add(-1)
 		if err != nil {
 			f.dirty.Store(true)
 			return synced, fmt.Errorf("fdatasync data file %d: %w", i, err)

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -397,115 +396,9 @@ func TestCached(t *testing.T) {
 	check("read again and beyond", 0, 128<<10, false)
 }
 
-// TestRawWriteStall: a raw write that takes longer than rawStall makes the
-// pool's writes scheduler-visible for rawPauseMin; writes larger than
-// rawWriteMax, or made while another is under way on the file, are never
-// raw; data written either way reads back.
-func TestRawWriteStall(t *testing.T) {
-	_, v := openThinVol(t, "raw", 8<<20)
-	pool := thinOf(v).b.pool
-	ctx := context.Background()
-	write := func(lba uint64, n int, fill byte) {
-		t.Helper()
-		if err := v.WriteBlocks(ctx, lba, bytes.Repeat([]byte{fill}, n), false); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(0, BlockSize, 1) // allocates cluster 0 of the volume
-	write(0, BlockSize, 2) // in place
-	// Committed now, so that no commit's fdatasync (a write under way)
-	// runs beside the sequence: the writes up to its last are in place.
-	if err := v.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// Whether those two stalled depends on the machine's load: count from
-	// here (rawWriteSequence wants 0 and 1).
-	pool.rawStalls.Store(0)
-	pool.rawOffUntil.Store(0)
-	rawWriteSequence(t, pool, &pool.openFiles()[0].writers, write)
-	want := append(append(bytes.Repeat([]byte{3}, BlockSize), bytes.Repeat([]byte{4}, BlockSize)...), make([]byte, 30*BlockSize)...)
-	want = append(want, bytes.Repeat([]byte{5}, 2*rawWriteMax)...)
-	got := make([]byte, len(want))
-	if err := v.ReadBlocks(ctx, 0, got); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Fatal("data read back differs from what was written")
-	}
-}
-
-// rawWriteSequence checks which writes of a file pool writes (writers
-// counts what is under way on it) are made raw: none while another is
-// under way, one made alone (which, at a rawStall of 0, stalls and turns
-// raw writes off for about rawPauseMin), none while they are off, none
-// over rawWriteMax. Blocks 0 and 1 end up holding 3 and 4, 2 to 31 are
-// not written, and 2*rawWriteMax bytes of 5 follow.
-func rawWriteSequence(t *testing.T, pool *dataPool, writers *atomic.Int32, write func(lba uint64, n int, fill byte)) {
-	t.Helper()
-	stalls := func(want uint64, what string) {
-		t.Helper()
-		if n := pool.rawStalls.Load(); n != want {
-			t.Fatalf("%s: %d stalls counted, want %d", what, n, want)
-		}
-	}
-	// Every write over 0 counts as stalled: the first raw one turns raw
-	// writes off, so the next is not raw and counts nothing.
-	pool.rawStall = 0
-	writers.Add(1) // another write (or a write-out) of the file under way
-	write(0, 2*BlockSize, 6)
-	writers.Add(-1)
-	stalls(0, "a write made while another was under way")
-	before := time.Since(pool.clock)
-	write(0, 2*BlockSize, 3)
-	after := time.Since(pool.clock)
-	stalls(1, "a write made alone (raw, stalled)")
-	// The stall ended between before and after: the pause runs from there.
-	if off := time.Duration(pool.rawOffUntil.Load()); off < before+rawPauseMin || off > after+rawPauseMin {
-		t.Fatalf("raw writes off until %v after a stall between %v and %v: want %v after it", off, before, after, rawPauseMin)
-	}
-	// However slow the machine, the pause lasts until the next write.
-	pool.rawOffUntil.Store(int64(time.Since(pool.clock) + time.Hour))
-	write(1, BlockSize, 4)
-	stalls(1, "a write while raw writes are off")
-	pool.rawOffUntil.Store(0)
-	write(32, 2*rawWriteMax, 5) // larger than rawWriteMax: never raw
-	stalls(1, "a write larger than rawWriteMax")
-}
-
-// TestRawPauseBackoff: each stall that comes within the last pause's
-// length after it ended doubles the pause, up to rawPauseMax; one that
-// comes later starts again from rawPauseMin.
-func TestRawPauseBackoff(t *testing.T) {
-	p := &dataPool{}
-	now := time.Hour
-	want := rawPauseMin
-	for range 12 {
-		p.rawStalled(now)
-		if p.rawPause != want {
-			t.Fatalf("stall at %v: pause %v, want %v", now, p.rawPause, want)
-		}
-		if off := time.Duration(p.rawOffUntil.Load()); off != now+want {
-			t.Fatalf("stall at %v: raw writes off until %v, want %v", now, off, now+want)
-		}
-		now += want + want/2 // half a pause after this one ends
-		want = min(2*want, rawPauseMax)
-	}
-	if want != rawPauseMax {
-		t.Fatalf("12 stalls in a row reached a pause of %v, not %v", want, rawPauseMax)
-	}
-	now += 3 * rawPauseMax
-	p.rawStalled(now)
-	if p.rawPause != rawPauseMin {
-		t.Fatalf("a stall long after the last pause: pause %v, want %v", p.rawPause, rawPauseMin)
-	}
-	if n := p.rawStalls.Load(); n != 13 {
-		t.Fatalf("%d stalls counted, want 13", n)
-	}
-}
-
 // TestConcurrentWritesAndPunches: writes and hole punches from many
-// goroutines into one data file (raw when alone, pwrite.go) leave every
-// block as its last writer left it.
+// goroutines into one data file leave every block as its last writer left
+// it.
 func TestConcurrentWritesAndPunches(t *testing.T) {
 	const workers, rounds, per = 8, 200, 16 // blocks per worker: one 64 KiB cluster
 	_, v := openThinVol(t, "wl", workers*per*BlockSize)
@@ -547,69 +440,5 @@ func TestConcurrentWritesAndPunches(t *testing.T) {
 				t.Fatalf("worker %d block %d starts %#x, want %#x", w, i, blk[0], want[0])
 			}
 		}
-	}
-}
-
-// TestRawVolumeRawWrites: a raw volume's small writes are made raw (past
-// the Go scheduler, pwrite.go) only when nothing else of ours is under way
-// on its file, share the pool's pause after a stall, and its hole punches
-// and fdatasyncs count as under way while they run.
-func TestRawVolumeRawWrites(t *testing.T) {
-	dir := t.TempDir()
-	img := filepath.Join(dir, "img")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, 1<<20); err != nil {
-		t.Fatal(err)
-	}
-	st, err := OpenThin(filepath.Join(dir, "store"), ThinOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	ctx := context.Background()
-	if _, err := st.CreateVolume(ctx, "r", 0, CreateOptions{Raw: img}); err != nil {
-		t.Fatal(err)
-	}
-	v, err := st.OpenVolume(ctx, "r")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { v.Close() })
-	d := v.(*volume).dev.(*rawDevice)
-	pool := d.b.pool
-	write := func(lba uint64, n int, fill byte) {
-		t.Helper()
-		if err := v.WriteBlocks(ctx, lba, bytes.Repeat([]byte{fill}, n), false); err != nil {
-			t.Fatal(err)
-		}
-	}
-	rawWriteSequence(t, pool, &d.writers, write)
-	if err := v.Trim(ctx, 1, 1); err != nil {
-		t.Fatal(err)
-	}
-	if err := v.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if n := d.writers.Load(); n != 0 {
-		t.Fatalf("%d writes counted under way after the writes, trim and flush returned", n)
-	}
-	// Block 1 trimmed.
-	want := append(bytes.Repeat([]byte{3}, BlockSize), make([]byte, 31*BlockSize)...)
-	want = append(want, bytes.Repeat([]byte{5}, 2*rawWriteMax)...)
-	got, err := os.ReadFile(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got[:len(want)], want) {
-		t.Fatal("the image file holds other data than was written")
-	}
-	back := make([]byte, len(want))
-	if err := v.ReadBlocks(ctx, 0, back); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(back, want) {
-		t.Fatal("data read back differs from what was written")
 	}
 }

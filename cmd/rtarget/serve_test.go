@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -105,20 +104,9 @@ func TestServeRawVolumeGone(t *testing.T) {
 // sleep (state D), where a write to a frozen file system waits.
 func threadsWaiting(t *testing.T, pid int) int {
 	t.Helper()
-	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	n, err := loopfs.ThreadsWaiting(pid)
 	if err != nil {
 		t.Fatal(err)
-	}
-	n := 0
-	for _, p := range tasks {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue // the thread ended
-		}
-		// pid (comm) state ...: comm may hold spaces and parentheses.
-		if i := bytes.LastIndexByte(b, ')'); i >= 0 && bytes.HasPrefix(b[i+1:], []byte(" D")) {
-			n++
-		}
 	}
 	return n
 }

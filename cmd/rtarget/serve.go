@@ -228,7 +228,13 @@ func runServe(c *cli.Context, given []string) (err error) {
 	if err != nil {
 		return err
 	}
-	var sigs chan os.Signal // caught from when rtarget serves
+	// Signals are caught from here on, before the control socket and the
+	// listener appear: a SIGTERM sent as soon as either is seen is then
+	// served by the loop below (a drain, status 0), never the default
+	// action. One that comes while the store opens still kills the
+	// process, which the store survives as it would a crash.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer func() {
 		// A store that does not close cleanly (its file system died) makes
 		// the exit status an error, as a failed sync does.
@@ -239,9 +245,7 @@ func runServe(c *cli.Context, given []string) (err error) {
 		// stopped was logged and ignored (ignoreSignals), where its
 		// default action would have killed the process halfway through
 		// the store's close, with a signal's exit status.
-		if sigs != nil {
-			signal.Stop(sigs)
-		}
+		signal.Stop(sigs)
 	}()
 	if _, err := ensureVolumes(ctx, st, specs, log); err != nil {
 		return err
@@ -282,8 +286,6 @@ func runServe(c *cli.Context, given []string) (err error) {
 		defer stop()
 		log.Info("metrics", "addr", ln.Addr().String())
 	}
-	sigs = make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	served := make(chan error, 1)
 	go func() { served <- t.Serve(ctx, native) }()
 	vols, err := st.ListVolumes(ctx)

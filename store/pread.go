@@ -16,9 +16,12 @@ import (
 // process had gone idle, wakes the runtime's monitor thread (sysmon):
 // through rinit, 4 KiB random reads at QD1 on a thin volume 6.3-7.5k ->
 // 8.6-9.8k IOPS, and rtarget's CPU at QD16 down 15 %. Only what the page
-// cache does not hold goes through unix.Pread, which may wait. Writes have
-// no such test (ext4 offers no RWF_NOWAIT for buffered writes), and stay
-// scheduler-visible (pwrite.go says why).
+// cache does not hold goes through unix.Pread, which may wait. A frozen
+// file system does not hold a raw read either: its access-time update only
+// tries to take the write lock the freeze holds
+// (TestReadOnFrozenFSReturns). Writes have no such test (ext4 offers no
+// RWF_NOWAIT for buffered writes), and stay scheduler-visible (pwrite.go
+// says why).
 
 // rawReadMax bounds the reads made raw: a raw call keeps its P while the
 // kernel copies, and for large reads the system call's cost is small next

@@ -124,7 +124,7 @@ type tapProxy struct {
 	wg       sync.WaitGroup
 }
 
-const tapKeep = 4096
+const tapKeep = 16 << 10
 
 func newTapProxy(t *testing.T, target string) *tapProxy {
 	t.Helper()

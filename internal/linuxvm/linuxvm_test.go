@@ -160,7 +160,28 @@ func testVariant(t *testing.T, cache string, v Variant) {
 	if has("CLIENT ping data: rdma-ping-5:") {
 		t.Errorf("client did more than 5 pings")
 	}
+	if !has("CHECK rping-client rc=0") || !has("CHECK rping-server rc=0") {
+		logFPDUs(t, proxy)
+	}
 	checkMPA(t, v, proxy)
+}
+
+// logFPDUs logs the FPDUs the relay saw after the MPA Request and Reply,
+// in each direction, up to tapKeep bytes.
+func logFPDUs(t *testing.T, proxy *tapProxy) {
+	t.Helper()
+	toServer, toClient := proxy.recorded()
+	for _, d := range []struct {
+		name string
+		b    []byte
+	}{{"client -> server", toServer}, {"server -> client", toClient}} {
+		f, err := parseMPARR(d.b)
+		if err != nil {
+			t.Logf("relay, %s: %d bytes, no MPA frame: %v", d.name, len(d.b), err)
+			continue
+		}
+		t.Logf("relay, %s: %d bytes after the MPA frame: %s", d.name, len(d.b)-len(f), fpduSummary(d.b[len(f):]))
+	}
 }
 
 // checkMPA asserts that the MPA Request and Reply the relay saw are the ones

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -77,5 +78,65 @@ func TestParseMPARR(t *testing.T) {
 	}
 	if _, err := parseMPARR([]byte("MPA ID Req Frame\x10\x02\x00\x08\x00")); !errors.Is(err, errShortMPA) {
 		t.Fatalf("truncated private data: got %v", err)
+	}
+}
+
+// rdmapOps names the RDMAP opcodes (RFC 5040 §4.3, RFC 7306 §4) in an
+// fpduSummary.
+var rdmapOps = map[byte]string{
+	0x0: "Write", 0x1: "ReadReq", 0x2: "ReadResp", 0x3: "Send", 0x4: "SendInv",
+	0x5: "SendSE", 0x6: "SendSEInv", 0x7: "Terminate", 0x8: "WriteImm", 0x9: "SendImm",
+	0xa: "SendImmSE", 0xb: "AtomicReq", 0xc: "AtomicResp",
+}
+
+// fpduSummary lists the FPDUs of a recorded stream that starts after the
+// MPA Request or Reply (no markers), one "opcode/length" per FPDU, L
+// marking a DDP message's last segment; it stops at the first FPDU the
+// recording cut. Every FPDU carries the 4 bytes of the CRC field, zero
+// where CRCs were not negotiated (RFC 5044 §4.4). Diagnostics for a failed
+// exchange: which side sent what before the stall.
+func fpduSummary(b []byte) string {
+	var out []string
+	for len(b) >= 4 {
+		ulpdu := int(binary.BigEndian.Uint16(b))
+		n := 2 + ulpdu + (-(2 + ulpdu))&3 + 4
+		op, ok := rdmapOps[b[3]&0x0f]
+		if !ok {
+			op = fmt.Sprintf("op%#x", b[3]&0x0f)
+		}
+		if b[2]&0x40 != 0 {
+			op += "(L)"
+		}
+		if len(b) < n {
+			out = append(out, fmt.Sprintf("%s/%d (cut)", op, ulpdu))
+			break
+		}
+		out = append(out, fmt.Sprintf("%s/%d", op, ulpdu))
+		b = b[n:]
+	}
+	if len(b) > 0 && len(b) < 4 {
+		out = append(out, fmt.Sprintf("%d bytes", len(b)))
+	}
+	if len(out) == 0 {
+		return "nothing"
+	}
+	return strings.Join(out, " ")
+}
+
+func TestFPDUSummary(t *testing.T) {
+	// A Send of 4 bytes (untagged, last) with CRC, then a Read Request
+	// header cut short.
+	send := []byte{0x00, 0x12, 0x41, 0x43}
+	send = append(send, make([]byte, 0x12-2+4)...) // rest of ULPDU, pad 0, CRC
+	got := fpduSummary(append(send, 0x00, 0x2c, 0x41, 0x41, 0x00))
+	if want := "Send(L)/18 ReadReq(L)/44 (cut)"; got != want {
+		t.Fatalf("fpduSummary = %q, want %q", got, want)
+	}
+	if got := fpduSummary(nil); got != "nothing" {
+		t.Fatalf("fpduSummary(nil) = %q", got)
+	}
+	// A 1-byte ULPDU takes 1 byte of pad, then the CRC field.
+	if got := fpduSummary([]byte{0x00, 0x01, 0x40, 0x40, 0, 0, 0, 0, 0, 0}); got != "Write(L)/1 2 bytes" {
+		t.Fatalf("fpduSummary = %q", got)
 	}
 }

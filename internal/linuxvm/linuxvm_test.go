@@ -167,10 +167,13 @@ func testVariant(t *testing.T, cache string, v Variant) {
 }
 
 // logFPDUs logs the FPDUs the relay saw after the MPA Request and Reply,
-// in each direction, up to tapKeep bytes.
+// in each direction, up to tapKeep bytes; their CRCs are checked when the
+// Reply set its CRC bit.
 func logFPDUs(t *testing.T, proxy *tapProxy) {
 	t.Helper()
 	toServer, toClient := proxy.recorded()
+	rep, err := parseMPARR(toClient)
+	withCRC := err == nil && rep.CRC()
 	for _, d := range []struct {
 		name string
 		b    []byte
@@ -180,7 +183,7 @@ func logFPDUs(t *testing.T, proxy *tapProxy) {
 			t.Logf("relay, %s: %d bytes, no MPA frame: %v", d.name, len(d.b), err)
 			continue
 		}
-		t.Logf("relay, %s: %d bytes after the MPA frame: %s", d.name, len(d.b)-len(f), fpduSummary(d.b[len(f):]))
+		t.Logf("relay, %s: %d bytes after the MPA frame: %s", d.name, len(d.b)-len(f), fpduSummary(d.b[len(f):], withCRC))
 	}
 }
 

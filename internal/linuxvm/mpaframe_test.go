@@ -1,9 +1,11 @@
 package linuxvm
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -84,38 +86,40 @@ func TestParseMPARR(t *testing.T) {
 // rdmapOps names the RDMAP opcodes (RFC 5040 §4.3, RFC 7306 §4) in an
 // fpduSummary.
 var rdmapOps = map[byte]string{
-	0x0: "Write", 0x1: "ReadReq", 0x2: "ReadResp", 0x3: "Send", 0x4: "SendInv",
-	0x5: "SendSE", 0x6: "SendSEInv", 0x7: "Terminate", 0x8: "WriteImm", 0x9: "SendImm",
+	opWrite: "Write", opReadReq: "ReadReq", opReadResp: "ReadResp", opSend: "Send", 0x4: "SendInv",
+	0x5: "SendSE", 0x6: "SendSEInv", opTerminate: "Terminate", 0x8: "WriteImm", 0x9: "SendImm",
 	0xa: "SendImmSE", 0xb: "AtomicReq", 0xc: "AtomicResp",
 }
 
 // fpduSummary lists the FPDUs of a recorded stream that starts after the
-// MPA Request or Reply (no markers), one "opcode/length" per FPDU, L
-// marking a DDP message's last segment; it stops at the first FPDU the
-// recording cut. Every FPDU carries the 4 bytes of the CRC field, zero
-// where CRCs were not negotiated (RFC 5044 §4.4). Diagnostics for a failed
-// exchange: which side sent what before the stall.
-func fpduSummary(b []byte) string {
+// MPA Request or Reply (no markers), one "opcode/ULPDU length" per FPDU, L
+// marking a DDP message's last segment, read and checked (CRCs with
+// withCRC) by readFPDU and parseFPDU; it stops at an FPDU the recording
+// cut. Diagnostics for a failed exchange: which side sent what before the
+// stall.
+func fpduSummary(b []byte, withCRC bool) string {
+	r := bytes.NewReader(b)
 	var out []string
-	for len(b) >= 4 {
-		ulpdu := int(binary.BigEndian.Uint16(b))
-		n := 2 + ulpdu + (-(2 + ulpdu))&3 + 4
-		op, ok := rdmapOps[b[3]&0x0f]
-		if !ok {
-			op = fmt.Sprintf("op%#x", b[3]&0x0f)
-		}
-		if b[2]&0x40 != 0 {
-			op += "(L)"
-		}
-		if len(b) < n {
-			out = append(out, fmt.Sprintf("%s/%d (cut)", op, ulpdu))
+	for r.Len() > 0 {
+		left := r.Len()
+		raw, err := readFPDU(r)
+		if err != nil {
+			out = append(out, fmt.Sprintf("%d bytes of a cut FPDU", left))
 			break
 		}
-		out = append(out, fmt.Sprintf("%s/%d", op, ulpdu))
-		b = b[n:]
-	}
-	if len(b) > 0 && len(b) < 4 {
-		out = append(out, fmt.Sprintf("%d bytes", len(b)))
+		s, err := parseFPDU(raw, withCRC)
+		if err != nil {
+			out = append(out, fmt.Sprintf("[%v]", err))
+			continue
+		}
+		op, ok := rdmapOps[s.Opcode()]
+		if !ok {
+			op = fmt.Sprintf("op%#x", s.Opcode())
+		}
+		if s.Last() {
+			op += "(L)"
+		}
+		out = append(out, fmt.Sprintf("%s/%d", op, len(s)))
 	}
 	if len(out) == 0 {
 		return "nothing"
@@ -124,19 +128,25 @@ func fpduSummary(b []byte) string {
 }
 
 func TestFPDUSummary(t *testing.T) {
-	// A Send of 4 bytes (untagged, last) with CRC, then a Read Request
-	// header cut short.
-	send := []byte{0x00, 0x12, 0x41, 0x43}
-	send = append(send, make([]byte, 0x12-2+4)...) // rest of ULPDU, pad 0, CRC
-	got := fpduSummary(append(send, 0x00, 0x2c, 0x41, 0x41, 0x00))
-	if want := "Send(L)/18 ReadReq(L)/44 (cut)"; got != want {
+	send := fpdu(untagged(opSend, 0, 1, 0, make([]byte, 16)), true)
+	write := fpdu(tagged(opWrite, 0x100, 0, make([]byte, 5)), true)
+	readReq := fpdu(untagged(opReadReq, 1, 1, 0, make([]byte, 28)), true)
+	stream := slices.Concat(send, write, readReq[:7])
+	if got, want := fpduSummary(stream, true), "Send(L)/34 Write(L)/19 7 bytes of a cut FPDU"; got != want {
 		t.Fatalf("fpduSummary = %q, want %q", got, want)
 	}
-	if got := fpduSummary(nil); got != "nothing" {
+	if got := fpduSummary(nil, false); got != "nothing" {
 		t.Fatalf("fpduSummary(nil) = %q", got)
 	}
-	// A 1-byte ULPDU takes 1 byte of pad, then the CRC field.
-	if got := fpduSummary([]byte{0x00, 0x01, 0x40, 0x40, 0, 0, 0, 0, 0, 0}); got != "Write(L)/1 2 bytes" {
-		t.Fatalf("fpduSummary = %q", got)
+	// CRCs checked: a corrupted one is named, and the walk goes on.
+	bad := slices.Clone(send)
+	bad[len(bad)-1] ^= 1
+	got := fpduSummary(slices.Concat(bad, write), true)
+	if !strings.Contains(got, "mpa crc mismatch") || !strings.HasSuffix(got, " Write(L)/19") {
+		t.Fatalf("fpduSummary with a bad CRC = %q", got)
+	}
+	// Without CRCs the field is there all the same, zero (RFC 5044 §4.4).
+	if got := fpduSummary(fpdu(tagged(opWrite, 1, 0, []byte{1}), false), false); got != "Write(L)/15" {
+		t.Fatalf("fpduSummary without CRCs = %q", got)
 	}
 }

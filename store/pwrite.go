@@ -27,12 +27,16 @@ import (
 // a raw write could make first (fsfreeze state, a device's health) says
 // that it will not wait.
 
-// fallocate is unix.Fallocate on f, retried on EINTR.
-func (f *dataFile) fallocate(mode uint32, pos, n int64) error {
+// fallocate is unix.Fallocate, retried on EINTR (each mode the store uses
+// can be made again: an allocation, a hole punch, a zeroed range).
+func fallocate(fd int, mode uint32, pos, n int64) error {
 	for {
-		err := unix.Fallocate(f.fd, mode, pos, n)
+		err := unix.Fallocate(fd, mode, pos, n)
 		if !errors.Is(err, unix.EINTR) {
 			return err
 		}
 	}
 }
+
+// fallocate is the package's fallocate on data file f.
+func (f *dataFile) fallocate(mode uint32, pos, n int64) error { return fallocate(f.fd, mode, pos, n) }

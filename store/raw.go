@@ -372,7 +372,7 @@ func (d *rawDevice) discard(ctx context.Context, lba, count uint64, fua bool) er
 	}
 	l := d.lock(lba, count, true)
 	pos, n := int64(lba)*BlockSize, int64(count)*BlockSize
-	err := unix.Fallocate(d.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, pos, n)
+	err := fallocate(d.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, pos, n)
 	if err != nil && (errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTSUP)) {
 		err = d.writeZeros(pos, n)
 	}
@@ -404,13 +404,7 @@ func (d *rawDevice) zeroAllocated(ctx context.Context, lba, count uint64) error 
 	}
 	l := d.lock(lba, count, true)
 	pos, n := int64(lba)*BlockSize, int64(count)*BlockSize
-	var err error
-	for {
-		err = unix.Fallocate(d.fd, unix.FALLOC_FL_ZERO_RANGE|unix.FALLOC_FL_KEEP_SIZE, pos, n)
-		if !errors.Is(err, unix.EINTR) {
-			break
-		}
-	}
+	err := fallocate(d.fd, unix.FALLOC_FL_ZERO_RANGE|unix.FALLOC_FL_KEEP_SIZE, pos, n)
 	d.written.Add(1)
 	l.unlock()
 	if err != nil && (errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTSUP)) {

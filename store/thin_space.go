@@ -184,12 +184,7 @@ func (g *spaceGuard) keepBallast() error {
 		return fmt.Errorf("ballast: %w", err)
 	}
 	defer unix.Close(fd)
-	for {
-		err = unix.Fallocate(fd, 0, 0, want)
-		if !errors.Is(err, unix.EINTR) {
-			break
-		}
-	}
+	err = fallocate(fd, 0, 0, want)
 	if errors.Is(err, unix.EOPNOTSUPP) {
 		g.noBallast = true
 		g.log.Info("no space kept for the metadata: the file system cannot allocate without writing",

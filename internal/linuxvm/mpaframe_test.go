@@ -8,8 +8,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/rnic-dev/rnic/rnic/rdmap"
 )
 
 // mpaRR is an MPA Request or Reply frame (RFC 5044 §7.1) as a byte slice,
@@ -85,10 +83,18 @@ func TestParseMPARR(t *testing.T) {
 	}
 }
 
+// rdmapOps names the RDMAP opcodes (RFC 5040 Figure 4, RFC 7306 Figure 2)
+// in an fpduSummary. rnic/rdmap has the same table; this package stays
+// free of the engine's packages (internal/layers), as its codec does.
+var rdmapOps = map[byte]string{
+	opWrite: "Write", opReadReq: "ReadReq", opReadResp: "ReadResp", opSend: "Send", 0x4: "SendInv",
+	0x5: "SendSE", 0x6: "SendSEInv", opTerminate: "Terminate", 0x8: "Immediate", 0x9: "ImmediateSE",
+	0xa: "AtomicReq", 0xb: "AtomicResp",
+}
+
 // fpduSummary lists the FPDUs of a recorded stream that starts after the
-// MPA Request or Reply (no markers), one "opcode/ULPDU length" per FPDU
-// (opcodes named as rnic/rdmap names them), L marking a DDP message's last
-// segment, read and checked (CRCs with
+// MPA Request or Reply (no markers), one "opcode/ULPDU length" per FPDU, L
+// marking a DDP message's last segment, read and checked (CRCs with
 // withCRC) by readFPDU and parseFPDU; it stops at an FPDU the recording
 // cut. Diagnostics for a failed exchange: which side sent what before the
 // stall.
@@ -107,7 +113,10 @@ func fpduSummary(b []byte, withCRC bool) string {
 			out = append(out, fmt.Sprintf("[%v]", err))
 			continue
 		}
-		op := rdmap.Opcode(s.Opcode()).String()
+		op, ok := rdmapOps[s.Opcode()]
+		if !ok {
+			op = fmt.Sprintf("op%#x", s.Opcode())
+		}
 		if s.Last() {
 			op += "(L)"
 		}
@@ -116,7 +125,7 @@ func fpduSummary(b []byte, withCRC bool) string {
 	if len(out) == 0 {
 		return "nothing"
 	}
-	return strings.Join(out, ", ")
+	return strings.Join(out, " ")
 }
 
 func TestFPDUSummary(t *testing.T) {
@@ -124,7 +133,7 @@ func TestFPDUSummary(t *testing.T) {
 	write := fpdu(tagged(opWrite, 0x100, 0, make([]byte, 5)), true)
 	readReq := fpdu(untagged(opReadReq, 1, 1, 0, make([]byte, 28)), true)
 	stream := slices.Concat(send, write, readReq[:7])
-	if got, want := fpduSummary(stream, true), "Send(L)/34, RDMA Write(L)/19, 7 bytes of a cut FPDU"; got != want {
+	if got, want := fpduSummary(stream, true), "Send(L)/34 Write(L)/19 7 bytes of a cut FPDU"; got != want {
 		t.Fatalf("fpduSummary = %q, want %q", got, want)
 	}
 	if got := fpduSummary(nil, false); got != "nothing" {
@@ -134,11 +143,11 @@ func TestFPDUSummary(t *testing.T) {
 	bad := slices.Clone(send)
 	bad[len(bad)-1] ^= 1
 	got := fpduSummary(slices.Concat(bad, write), true)
-	if !strings.Contains(got, "mpa crc mismatch") || !strings.HasSuffix(got, ", RDMA Write(L)/19") {
+	if !strings.Contains(got, "mpa crc mismatch") || !strings.HasSuffix(got, " Write(L)/19") {
 		t.Fatalf("fpduSummary with a bad CRC = %q", got)
 	}
 	// Without CRCs the field is there all the same, zero (RFC 5044 §4.4).
-	if got := fpduSummary(fpdu(tagged(opWrite, 1, 0, []byte{1}), false), false); got != "RDMA Write(L)/15" {
+	if got := fpduSummary(fpdu(tagged(opWrite, 1, 0, []byte{1}), false), false); got != "Write(L)/15" {
 		t.Fatalf("fpduSummary without CRCs = %q", got)
 	}
 }

@@ -27,8 +27,9 @@ import (
 // a raw write could make first (fsfreeze state, a device's health) says
 // that it will not wait. An io_uring, whose submission holds no P, does
 // not win it back on ext4: it hands each buffered write to a kernel
-// worker thread, and served a third of the writes (bench/README.md,
-// "Writes through an io_uring").
+// worker thread, and served a third of the writes; nor on XFS, which makes
+// the write inside io_uring_enter (bench/README.md, "Writes through an
+// io_uring").
 
 // fallocate is unix.Fallocate, retried on EINTR (each mode the store uses
 // can be made again: an allocation, a hole punch, a zeroed range).

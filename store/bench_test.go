@@ -217,10 +217,7 @@ func fillTarget(tb testing.TB, t ioTarget, size int64) { fillTargetBy(tb, t, siz
 // seqread-1m-qd4 0.84-0.99x and 1.07-1.19x (4 runs each, half of them with
 // RNIC_STEADY_MEMORY=1); why is not known. The 4 KiB jobs did not move.
 func fillBoth(tb testing.TB, vol volTarget, file fileTarget, size int64) {
-	buf := make([]byte, 1<<20)
-	for i := 0; i < len(buf); i += store.BlockSize {
-		storetest.FillBlock(buf[i:i+store.BlockSize], uint64(i), 1)
-	}
+	buf := fillBuf(1 << 20)
 	piece := fileFill(tb)
 	for off := int64(0); off < size; off += int64(len(buf)) {
 		if err := vol.write(buf, off); err != nil {
@@ -236,15 +233,21 @@ func fillBoth(tb testing.TB, vol volTarget, file fileTarget, size int64) {
 
 // fillTargetBy writes t in full in writes of piece bytes.
 func fillTargetBy(tb testing.TB, t ioTarget, size int64, piece int) {
-	buf := make([]byte, piece)
-	for i := 0; i < len(buf); i += store.BlockSize {
-		storetest.FillBlock(buf[i:i+store.BlockSize], uint64(i), 1)
-	}
+	buf := fillBuf(piece)
 	for off := int64(0); off < size; off += int64(len(buf)) {
 		if err := t.write(buf, off); err != nil {
 			tb.Fatal(err)
 		}
 	}
+}
+
+// fillBuf returns n bytes of blocks with the fills' pattern.
+func fillBuf(n int) []byte {
+	buf := make([]byte, n)
+	for i := 0; i < n; i += store.BlockSize {
+		storetest.FillBlock(buf[i:i+store.BlockSize], uint64(i), 1)
+	}
+	return buf
 }
 
 // compare runs j on both targets in interleaved rounds and reports each

@@ -25,11 +25,13 @@ import (
 // 13.0-16.8 us through rinit (randwrite-4k-qd16 on a volume written in
 // full: 23.3-24.1k -> 22.3-30.5k IOPS). That gain is given back: no test
 // a raw write could make first (fsfreeze state, a device's health) says
-// that it will not wait. An io_uring, whose submission holds no P, does
-// not win it back on ext4: it hands each buffered write to a kernel
-// worker thread, and served a third of the writes; nor on XFS, which makes
-// the write inside io_uring_enter (bench/README.md, "Writes through an
-// io_uring").
+// that it will not wait; pwritev2 with RWF_NOWAIT is none either, since
+// vfs_writev waits for a frozen file system before it looks at the flag
+// (on ext4 and XFS alike, bench/README.md). An io_uring, whose submission
+// holds no P, does not win it back on ext4: it hands each buffered write
+// to a kernel worker thread, and served a third of the writes; nor on
+// XFS, which makes the write inside io_uring_enter (bench/README.md,
+// "Writes through an io_uring").
 
 // fallocate is unix.Fallocate, retried on EINTR (each mode the store uses
 // can be made again: an allocation, a hole punch, a zeroed range).

@@ -169,7 +169,10 @@
 // the kernel may have dropped the pages it could not write and reports that
 // to an open file once, so a later sync, or one beside it on the same file,
 // would succeed without them; the syncs of each file therefore run one at a
-// time. Health (rtarget's /healthz) reports such a failure, and also a file
+// time. Badger v4.9.6 refuses to open beside an empty memtable WAL, which a
+// power cut can leave between its deletion's truncate and unlink, or its
+// creation's create and extend: the open removes such files first, since
+// they hold nothing (badger_open.go, TestEmptyWALPowerCut). Health (rtarget's /healthz) reports such a failure, and also a file
 // system that can no longer write (shut down, or read-only after an error)
 // before anything fails: it opens the store's files for writing. Concurrent
 // callers share commits: N concurrent FUA writes cost about two. A commit

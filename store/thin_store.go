@@ -170,10 +170,10 @@ func openThinBackend(dir string, opts ThinOptions) (*thinBackend, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := badger.Open(opts.badgerOptions(filepath.Join(dir, thinMetaDir)))
+	db, err := openBadger(opts.badgerOptions(filepath.Join(dir, thinMetaDir)), opts.Logger.With("component", "store", "dir", dir))
 	if err != nil {
 		lock.unlock()
-		return nil, fmt.Errorf("badger: %w", err)
+		return nil, err
 	}
 	b := &thinBackend{
 		dir:       dir,

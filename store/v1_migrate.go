@@ -101,9 +101,10 @@ func copyV1(ctx context.Context, dir, tmp string, opts ThinOptions, progress fun
 	if err := os.RemoveAll(tmp); err != nil {
 		return nil, err
 	}
-	db, err := badger.Open(badger.DefaultOptions(dir).
+	db, err := openBadger(badger.DefaultOptions(dir).
 		WithLogger(slogBadger{log: opts.Logger.With("component", "badger-v1"), min: slog.LevelWarn}).
-		WithMetricsEnabled(false).WithNumCompactors(2).WithCompactL0OnClose(false))
+		WithMetricsEnabled(false).WithNumCompactors(2).WithCompactL0OnClose(false),
+		opts.Logger.With("component", "store", "dir", dir))
 	if err != nil {
 		return nil, fmt.Errorf("open the v1 store: %w", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -34,8 +35,8 @@ func (h msgCounter) Handle(_ context.Context, r slog.Record) error {
 
 const emptyWALsMsg = "removed empty metadata WALs"
 
-// walFids returns the numbers of the memtable WALs in badger directory dir
-// and their lengths.
+// walFids returns the numbers of the memtable WALs (NNNNN.mem) in badger
+// directory dir, with their lengths.
 func walFids(t *testing.T, dir string) map[int]int64 {
 	t.Helper()
 	entries, err := os.ReadDir(dir)
@@ -44,8 +45,12 @@ func walFids(t *testing.T, dir string) map[int]int64 {
 	}
 	out := map[int]int64{}
 	for _, e := range entries {
-		var n int
-		if _, err := fmt.Sscanf(e.Name(), "%d.mem", &n); err != nil || !strings.HasSuffix(e.Name(), ".mem") {
+		num, ok := strings.CutSuffix(e.Name(), ".mem")
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(num)
+		if err != nil {
 			continue
 		}
 		info, err := e.Info()
@@ -169,11 +174,7 @@ func TestEmptyWALPowerCut(t *testing.T) {
 	writeAndClose(t, dir, 'B')
 	meta := filepath.Join(dir, thinMetaDir)
 	// A WAL with contents, as badger's are before it deletes them.
-	n := 0
-	for f := range walFids(t, meta) {
-		n = max(n, f)
-	}
-	n++
+	n := max(newestWAL(t, meta), 0) + 1
 	path := filepath.Join(meta, fmt.Sprintf("%05d.mem", n))
 	if err := os.WriteFile(path, bytes.Repeat([]byte{0xEE}, 64<<10), 0o644); err != nil {
 		t.Fatal(err)

@@ -172,9 +172,10 @@
 // time. Badger v4.9.6 refuses to open beside an empty memtable WAL, which a
 // power cut can leave between its deletion's truncate and unlink, or its
 // creation's create and extend: the open removes such files first, since
-// they hold nothing (badger_open.go, TestEmptyWALPowerCut). Health (rtarget's /healthz) reports such a failure, and also a file
-// system that can no longer write (shut down, or read-only after an error)
-// before anything fails: it opens the store's files for writing. Concurrent
+// they hold nothing (badger_open.go, TestEmptyWALPowerCut). Health
+// (rtarget's /healthz) reports such a failure, and also a file system
+// that can no longer write (shut down, or read-only after an error) before
+// anything fails: it opens the store's files for writing. Concurrent
 // callers share commits: N concurrent FUA writes cost about two. A commit
 // syncs the data files before it takes the metadata lock, so a catalog
 // change (a snapshot, a volume created) commits its own small transaction

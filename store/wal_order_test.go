@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -26,17 +25,9 @@ const (
 // the badger directory dir, -1 if there is none.
 func newestWAL(t *testing.T, dir string) int {
 	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	newest := -1
-	for _, e := range entries {
-		if n, ok := strings.CutSuffix(e.Name(), ".mem"); ok {
-			if i, err := strconv.Atoi(n); err == nil && i > newest {
-				newest = i
-			}
-		}
+	for n := range walFids(t, dir) {
+		newest = max(newest, n)
 	}
 	return newest
 }
